@@ -1,0 +1,19 @@
+"""django-advisory-lock: database advisory locks that know about ``transaction.atomic``."""
+
+from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.exceptions import LockLost
+from advisory_lock.exceptions import LockNotAcquired
+from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.locks import AdvisoryLock
+from advisory_lock.locks import LockHandle
+from advisory_lock.locks import advisory_lock
+
+__all__ = [
+    "AdvisoryLock",
+    "AdvisoryLockError",
+    "LockHandle",
+    "LockLost",
+    "LockNotAcquired",
+    "NotSupportedError",
+    "advisory_lock",
+]

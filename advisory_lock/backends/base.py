@@ -1,0 +1,89 @@
+"""The interface every database backend implements, and the statement runner they share."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from typing import ClassVar
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from advisory_lock.keys import LockKey
+
+
+class LockBackend:
+    """Takes and releases advisory locks on one Django connection (one alias, one thread).
+
+    ``timeout`` is ``None`` to wait for ever, ``0`` to try once, or a bound in seconds.
+    Backends run their SQL on the driver's connection, not through Django's cursor wrapper
+    (which costs as much as a round trip), and log it to ``connection.queries_log`` exactly
+    as Django's debug cursor does, so ``CaptureQueriesContext`` and the debug toolbar see it.
+    """
+
+    vendor: ClassVar[str]
+    #: The database has shared (reader) locks.
+    supports_shared: ClassVar[bool] = True
+    #: The database releases locks itself when the transaction ends (PostgreSQL's xact locks).
+    native_transaction_scope: ClassVar[bool] = False
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self._raw: Any = None
+        self._cursor: Any = None
+
+    # The interface.
+
+    def db_key(self, key: LockKey) -> Any:
+        """What the database sees for ``key``: an int, an int pair, a name or a path."""
+        raise NotImplementedError
+
+    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+        """Take the lock; return False if it is busy (try once) or the bounded wait ran out."""
+        raise NotImplementedError
+
+    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
+        """Release one hold of a session lock; return False if this holder did not hold it.
+
+        ``after_rollback`` is set when the release runs while Django is rolling the
+        transaction back (a release deferred because the transaction had failed).
+        """
+        raise NotImplementedError
+
+    def holder_token(self) -> object:
+        """The object whose life bounds a session lock: the driver connection by default."""
+        return self.connection.connection
+
+    def transaction_is_aborted(self) -> bool:
+        """True when the database refuses statements until the transaction is rolled back."""
+        return False
+
+    def describe(self) -> str:
+        """Name the database for messages: alias and vendor."""
+        return f"database {self.connection.alias!r} ({self.vendor})"
+
+    # Shared helpers.
+
+    def run(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """Execute one statement on the driver connection and return its first row."""
+        connection = self.connection
+        if connection.connection is None:
+            connection.ensure_connection()
+        raw = connection.connection
+        if raw is not self._raw:
+            self._raw, self._cursor = raw, raw.cursor()
+        cursor = self._cursor
+        if not connection.queries_logged:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+        start = time.monotonic()
+        try:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+        finally:
+            duration = time.monotonic() - start
+            connection.queries_log.append(
+                {
+                    "sql": connection.ops.last_executed_query(cursor, sql, params),
+                    "time": f"{duration:.3f}",
+                }
+            )

@@ -1,0 +1,74 @@
+"""MySQL and MariaDB named locks (``GET_LOCK`` / ``RELEASE_LOCK``), through mysqlclient.
+
+Named locks are server-wide, not per database, and a name is at most 64 characters. Names
+are therefore ``<database>/<namespace>:<key>``, shortened with a hash when too long or when
+they hold characters whose comparison differs between servers (MySQL 8 compares names
+case-insensitively, MariaDB 10.11 does not). Both servers count repeated holds by one
+connection. There are no shared named locks and no transaction-level ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from advisory_lock.backends.base import LockBackend
+from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.keys import LockKey
+from advisory_lock.keys import shorten
+
+MAX_NAME_LENGTH = 64
+# MariaDB rejects a negative GET_LOCK timeout (warning 1411, result NULL); MySQL reads it as
+# "for ever". MariaDB's "for ever" is therefore a long bound: about 68 years.
+_MARIADB_FOREVER = 2**31 - 1
+_POLL_INTERVAL = 0.02
+
+
+class MySQLBackend(LockBackend):
+    vendor = "mysql"
+    supports_shared = False
+
+    def db_key(self, key: LockKey) -> str:
+        return shorten(f"{self.connection.settings_dict['NAME']}/{key.identity}", MAX_NAME_LENGTH)
+
+    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+        with self.connection.wrap_database_errors:
+            if timeout is None:
+                return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)
+            if timeout == int(timeout) or self._is_mariadb():
+                # MariaDB honours fractions of a second; MySQL reads the timeout as an integer.
+                return self._get_lock(db_key, timeout)
+            # MySQL and a fractional bound: wait the whole seconds, then poll the rest.
+            deadline = time.monotonic() + timeout
+            if self._get_lock(db_key, math.floor(timeout)):
+                return True
+            while (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(_POLL_INTERVAL, left))
+                if self._get_lock(db_key, 0):
+                    return True
+            return False
+
+    def _get_lock(self, name: str, timeout: float) -> bool:
+        (result,) = self.run("SELECT GET_LOCK(%s, %s)", (name, timeout))
+        if result is None:
+            # NULL is an error, not "busy": the waiting connection was killed, or the server
+            # ran out of memory.
+            raise AdvisoryLockError(
+                f"GET_LOCK({name!r}) failed on {self.describe()}: the server returned NULL "
+                f"(the waiting connection was killed, or the server ran out of memory). "
+                f"Check the server's error log, then retry."
+            )
+        return result == 1
+
+    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
+        with self.connection.wrap_database_errors:
+            (result,) = self.run("SELECT RELEASE_LOCK(%s)", (db_key,))
+        # 1: released; 0: held by another connection; NULL: nobody holds it.
+        return result == 1
+
+    def _is_mariadb(self) -> bool:
+        # From the handshake, not Django's mysql_is_mariadb (which may run a query).
+        if self.connection.connection is None:
+            self.connection.ensure_connection()
+        return "mariadb" in self.connection.connection.get_server_info().lower()

@@ -1,0 +1,128 @@
+"""PostgreSQL advisory locks (``pg_advisory_lock`` and friends), through psycopg 3.
+
+PostgreSQL keeps advisory locks per database, counts repeated holds by one session, and
+releases transaction-level (xact) locks itself at the end of the top-level transaction, or at
+ROLLBACK TO SAVEPOINT of the savepoint they were taken in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from psycopg import errors
+from psycopg.pq import TransactionStatus
+
+from advisory_lock.backends.base import LockBackend
+from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.keys import LockKey
+
+
+def _function(*, try_: bool, xact: bool, shared: bool) -> str:
+    return (
+        f"pg_{'try_' if try_ else ''}advisory_{'xact_' if xact else ''}lock"
+        f"{'_shared' if shared else ''}"
+    )
+
+
+# (try, xact, shared, pair) → the statement. Built once from fixed names; keys are parameters.
+_LOCK_SQL = {
+    (try_, xact, shared, pair): (
+        f"SELECT {_function(try_=try_, xact=xact, shared=shared)}"
+        f"({'%s::integer, %s::integer' if pair else '%s::bigint'})"
+    )
+    for try_ in (False, True)
+    for xact in (False, True)
+    for shared in (False, True)
+    for pair in (False, True)
+}
+_UNLOCK_SQL = {
+    (shared, pair): (
+        f"SELECT pg_advisory_unlock{'_shared' if shared else ''}"
+        f"({'%s::integer, %s::integer' if pair else '%s::bigint'})"
+    )
+    for shared in (False, True)
+    for pair in (False, True)
+}
+# A bounded wait in autocommit mode: set_config(..., true) lasts for this statement's own
+# transaction only. The sub-select runs first: it holds a volatile function, so the planner
+# can't pull it up into the outer query.
+_BOUNDED_SQL = "SELECT {lock} FROM (SELECT set_config('lock_timeout', %s, true)) AS _t"
+# Inside a transaction: restore the previous lock_timeout in the same statement, so the
+# setting does not outlive the lock call (a released savepoint keeps SET LOCAL values).
+_BOUNDED_IN_TRANSACTION_SQL = (
+    "SELECT {lock}, set_config('lock_timeout', _t.previous, true) FROM "
+    "(SELECT current_setting('lock_timeout') AS previous, "
+    "set_config('lock_timeout', %s, true)) AS _t"
+)
+_BOUNDED = {k: _BOUNDED_SQL.format(lock=v.removeprefix("SELECT ")) for k, v in _LOCK_SQL.items()}
+_BOUNDED_IN_TRANSACTION = {
+    k: _BOUNDED_IN_TRANSACTION_SQL.format(lock=v.removeprefix("SELECT "))
+    for k, v in _LOCK_SQL.items()
+}
+
+
+class PostgreSQLBackend(LockBackend):
+    vendor = "postgresql"
+    native_transaction_scope = True
+
+    def db_key(self, key: LockKey) -> int | tuple[int, int]:
+        return key.as_int64()
+
+    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+        pair = isinstance(db_key, tuple)
+        params = db_key if pair else (db_key,)
+        variant = (timeout == 0, transaction, shared, pair)
+        with self.connection.wrap_database_errors:
+            try:
+                if timeout is None or timeout == 0:
+                    row = self.run(_LOCK_SQL[variant], params)
+                    return row[0] is not False
+                return self._bounded_wait(variant, params, timeout)
+            except errors.LockNotAvailable:
+                # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
+                return False
+            except errors.OutOfMemory as exc:
+                raise AdvisoryLockError(
+                    f"PostgreSQL's lock table is full on {self.describe()} ({exc}). Each "
+                    f"advisory lock takes a slot; the table has max_locks_per_transaction × "
+                    f"(max_connections + max_prepared_transactions) slots. Release locks you "
+                    f"no longer need, or raise max_locks_per_transaction."
+                ) from exc
+
+    def _bounded_wait(self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float) -> bool:
+        # lock_timeout is in milliseconds, and 0 would mean "no limit".
+        lock_timeout = str(max(1, math.ceil(timeout * 1000)))
+        if self._raw_autocommit():
+            self.run(_BOUNDED[variant], (lock_timeout, *params))
+            return True
+        # In a transaction a lock_timeout error would abort it: wait inside a savepoint.
+        self.run("SAVEPOINT advisory_lock_wait", ())
+        try:
+            self.run(_BOUNDED_IN_TRANSACTION[variant], (lock_timeout, *params))
+        except errors.LockNotAvailable:
+            self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", ())
+            self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
+            return False
+        self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
+        return True
+
+    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
+        pair = isinstance(db_key, tuple)
+        with self.connection.wrap_database_errors:
+            row = self.run(_UNLOCK_SQL[shared, pair], db_key if pair else (db_key,))
+            raw = self.connection.connection
+            if after_rollback and raw.info.transaction_status == TransactionStatus.INTRANS:
+                # Django has rolled back but not yet switched autocommit back on; psycopg
+                # opened a transaction for the unlock, which must not be left open.
+                raw.commit()
+        return bool(row[0])
+
+    def transaction_is_aborted(self) -> bool:
+        raw = self.connection.connection
+        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+
+    def _raw_autocommit(self) -> bool:
+        if self.connection.connection is None:
+            self.connection.ensure_connection()
+        return self.connection.connection.autocommit

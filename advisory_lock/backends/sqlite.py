@@ -1,0 +1,131 @@
+"""SQLite: an OS file lock (``flock``) per key, in a folder beside the database file.
+
+``flock`` locks belong to an open file description, so two threads with their own open files
+exclude each other just as two processes do, and the OS drops a dead process's locks. They
+work on one host only. The lock is not tied to the SQLite connection, so this backend counts
+repeated holds itself, and releases transaction-scoped holds when Django ends the
+transaction.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisory_lock.backends.base import LockBackend
+from advisory_lock.conf import get_setting
+from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.keys import LockKey
+from advisory_lock.keys import shorten
+
+MAX_FILE_NAME_LENGTH = 120
+_POLL_START = 0.001
+_POLL_MAX = 0.05
+
+
+@dataclass
+class _Hold:
+    """One open lock file and how often this holder took it in each mode."""
+
+    fd: int
+    exclusive: int = 0
+    shared: int = 0
+
+
+class SQLiteBackend(LockBackend):
+    vendor = "sqlite"
+
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection)
+        self._holds: dict[str, _Hold] = {}
+
+    def lock_dir(self) -> Path:
+        """``ADVISORY_LOCK["LOCK_DIR"]``, else ``<database file>.locks`` (temp dir in memory)."""
+        configured = get_setting("LOCK_DIR")
+        if configured:
+            return Path(configured)
+        if self.connection.is_in_memory_db():
+            return Path(tempfile.gettempdir()) / f"advisory_lock-{os.getuid()}"
+        return Path(f"{os.path.abspath(self.connection.settings_dict['NAME'])}.locks")
+
+    def db_key(self, key: LockKey) -> str:
+        name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")
+        return str(self.lock_dir() / f"{name}.lock")
+
+    def holder_token(self) -> object:
+        # The file lock does not depend on the SQLite connection staying open.
+        return self
+
+    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+        hold = self._holds.get(db_key)
+        if hold is not None:
+            if shared or hold.exclusive:
+                # A holder may take again what it holds, and shared under its exclusive.
+                self._count(hold, shared, +1)
+                return True
+            raise AdvisoryLockError(
+                f"Lock file {db_key} is held shared by this connection of {self.describe()}; "
+                f"SQLite's file locks can't upgrade it to exclusive without letting go. "
+                f"Release the shared hold first."
+            )
+        fd = self._open(db_key)
+        if not self._flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, timeout):
+            os.close(fd)
+            return False
+        hold = self._holds[db_key] = _Hold(fd)
+        self._count(hold, shared, +1)
+        return True
+
+    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
+        hold = self._holds.get(db_key)
+        if hold is None or not (hold.shared if shared else hold.exclusive):
+            return False
+        self._count(hold, shared, -1)
+        if not hold.exclusive and not hold.shared:
+            del self._holds[db_key]
+            os.close(hold.fd)  # closing the last descriptor drops the flock
+        elif not hold.exclusive:
+            fcntl.flock(hold.fd, fcntl.LOCK_SH)  # exclusive holds are gone: keep it shared
+        return True
+
+    def held_count(self) -> int:
+        """How many lock files this holder has open (for tests and inspection)."""
+        return len(self._holds)
+
+    @staticmethod
+    def _count(hold: _Hold, shared: bool, step: int) -> None:
+        if shared:
+            hold.shared += step
+        else:
+            hold.exclusive += step
+
+    @staticmethod
+    def _open(path: str) -> int:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    @staticmethod
+    def _flock(fd: int, operation: int, timeout: float | None) -> bool:
+        if timeout is None:
+            fcntl.flock(fd, operation)
+            return True
+        deadline = time.monotonic() + timeout
+        interval = _POLL_START
+        while True:
+            try:
+                fcntl.flock(fd, operation | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                time.sleep(min(interval, left))
+                interval = min(interval * 2, _POLL_MAX)

@@ -1,0 +1,19 @@
+"""The exceptions the app raises; all derive from AdvisoryLockError."""
+
+from __future__ import annotations
+
+
+class AdvisoryLockError(Exception):
+    """Base class for every error raised by django-advisory-lock."""
+
+
+class LockNotAcquired(AdvisoryLockError):
+    """The lock is held by someone else and could not be taken in the time allowed."""
+
+
+class NotSupportedError(AdvisoryLockError):
+    """The database, or the requested kind of lock, is not supported by this backend."""
+
+
+class LockLost(AdvisoryLockError):
+    """A lock that was held is no longer held (its connection was closed or killed)."""

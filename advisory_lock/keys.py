@@ -1,0 +1,128 @@
+"""Lock keys: validation of what users pass, and its stable translation for each database.
+
+A key is a ``str`` (namespaced, then hashed or shortened for the database), an ``int`` in
+signed 64-bit range, or a pair of ints in signed 32-bit range (PostgreSQL's two-key form).
+The derivation uses SHA-256, never ``hash()``, so it is the same in every process, Python
+version and machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import dataclass
+
+from django.core.exceptions import ImproperlyConfigured
+
+from advisory_lock.conf import get_setting
+
+Key = str | int | tuple[int, int]
+
+INT64_RANGE = range(-(2**63), 2**63)
+INT32_RANGE = range(-(2**31), 2**31)
+MAX_NAME_LENGTH = 1000
+NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+ALLOWED_FORMS = (
+    "a non-empty str, an int in signed 64-bit range, "
+    "or a tuple of two ints in signed 32-bit range"
+)
+# Characters that every backend's name comparison treats the same (no case folding, no
+# collation, no trailing-space padding). Anything else makes the name hashed.
+_PLAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-/,#@+=")
+_HASH_MARK = "~"  # never a plain character, so a shortened name can't equal a plain one
+_HASH_LENGTH = 20  # base32 characters: 100 bits of SHA-256
+
+
+@dataclass(frozen=True)
+class LockKey:
+    """A validated key: ``value`` as given, ``namespace`` for string keys."""
+
+    value: Key
+    namespace: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """The canonical text of the key: ``namespace:name``, ``#int`` or ``#int,int``."""
+        if isinstance(self.value, str):
+            return f"{self.namespace}:{self.value}"
+        if isinstance(self.value, tuple):
+            return f"#{self.value[0]},{self.value[1]}"
+        return f"#{self.value}"
+
+    @property
+    def label(self) -> str:
+        """How the key reads in messages: the name, the int or the pair."""
+        if isinstance(self.value, tuple):
+            return f"({self.value[0]}, {self.value[1]})"
+        return str(self.value) if not isinstance(self.value, str) else repr(self.value)
+
+    def as_int64(self) -> int | tuple[int, int]:
+        """PostgreSQL's key: ints as given, strings as the first 8 bytes of SHA-256, signed."""
+        if isinstance(self.value, str):
+            digest = hashlib.sha256(self.identity.encode()).digest()
+            return int.from_bytes(digest[:8], "big", signed=True)
+        return self.value
+
+
+def make_key(key: object, namespace: str | None = None) -> LockKey:
+    """Validate ``key`` and return a LockKey; raise TypeError or ValueError naming the forms."""
+    if isinstance(key, LockKey):
+        return key
+    if isinstance(key, bool):
+        raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not a bool ({key!r}).")
+    if isinstance(key, str):
+        return LockKey(_checked_name(key), _checked_namespace(namespace))
+    if isinstance(key, int):
+        if key not in INT64_RANGE:
+            raise ValueError(f"Lock key {key} is out of range: it must be {ALLOWED_FORMS}.")
+        return LockKey(int(key))
+    if isinstance(key, tuple):
+        if len(key) != 2 or not all(isinstance(k, int) and not isinstance(k, bool) for k in key):
+            raise TypeError(f"Lock key {key!r} is not valid: it must be {ALLOWED_FORMS}.")
+        if not all(k in INT32_RANGE for k in key):
+            raise ValueError(f"Lock key {key!r} is out of range: it must be {ALLOWED_FORMS}.")
+        return LockKey((int(key[0]), int(key[1])))
+    raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not {type(key).__name__} ({key!r}).")
+
+
+def shorten(text: str, max_length: int, *, forbidden: str = "") -> str:
+    """Return ``text`` if it is plain and short enough, else a readable prefix and a hash.
+
+    The hash covers the exact text, so distinct texts never map to one name (barring a
+    100-bit SHA-256 collision), whatever case folding or collation the database applies.
+    """
+    if len(text) <= max_length and all(c in _PLAIN_CHARS and c not in forbidden for c in text):
+        return text
+    digest = base64.b32encode(hashlib.sha256(text.encode()).digest()).decode().lower()
+    room = max_length - len(_HASH_MARK) - _HASH_LENGTH
+    readable = "".join(
+        c if c in _PLAIN_CHARS and c not in forbidden else "_" for c in text.lower()[:room]
+    )
+    return f"{readable}{_HASH_MARK}{digest[:_HASH_LENGTH]}"
+
+
+def _checked_name(name: str) -> str:
+    if not name.strip():
+        raise ValueError(f"Lock key must be {ALLOWED_FORMS}; got an empty or blank string.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"Lock key {name[:40]!r}... is {len(name)} characters long; "
+            f"the limit is {MAX_NAME_LENGTH}."
+        )
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"Lock key {name!r} can't be encoded as UTF-8.") from None
+    return name
+
+
+def _checked_namespace(namespace: str | None) -> str:
+    if namespace is None:
+        namespace = get_setting("NAMESPACE")
+    if not isinstance(namespace, str) or not NAMESPACE_RE.fullmatch(namespace):
+        raise ImproperlyConfigured(
+            f"ADVISORY_LOCK['NAMESPACE'] must be 1 to 64 letters, digits, '_', '.' or '-'; "
+            f"got {namespace!r}."
+        )
+    return namespace

@@ -1,0 +1,277 @@
+"""``advisory_lock``: a context manager and decorator that knows about ``transaction.atomic``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from numbers import Real
+from typing import Any
+from typing import Literal
+from typing import TypeVar
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db import DatabaseError
+from django.db import connections
+from django.db import transaction
+from django.db.transaction import TransactionManagementError
+
+from advisory_lock.backends import get_backend
+from advisory_lock.backends.base import LockBackend
+from advisory_lock.exceptions import LockLost
+from advisory_lock.exceptions import LockNotAcquired
+from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.keys import Key
+from advisory_lock.keys import LockKey
+from advisory_lock.keys import make_key
+
+logger = logging.getLogger("advisory_lock")
+
+Scope = Literal["auto", "session", "transaction"]
+SCOPES = ("auto", "session", "transaction")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class LockHandle:
+    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy."""
+
+    key: Key
+    db_key: Any
+    using: str
+    scope: Literal["session", "transaction"]
+    shared: bool
+    acquired: bool
+    wait_time: float = 0.0
+    acquired_at: float | None = None
+    lock_key: LockKey | None = field(default=None, repr=False)
+    _token: object = field(default=None, repr=False)
+
+    def __bool__(self) -> bool:
+        return self.acquired
+
+
+class AdvisoryLock:
+    """An advisory lock on ``key``, taken on entry and released on exit (or at transaction end).
+
+    With ``scope="auto"``, a lock taken inside ``transaction.atomic`` is transaction-scoped:
+    it is held until the outermost transaction commits or rolls back, even if the ``with``
+    block ends earlier, so nobody takes it before the writes made under it are visible.
+    Outside ``atomic`` the lock is session-scoped and released when the block ends. The
+    object is reusable; as a decorator each call takes the lock anew.
+    """
+
+    def __init__(
+        self,
+        key: Key,
+        *,
+        using: str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        shared: bool = False,
+        scope: Scope = "auto",
+    ) -> None:
+        self.key = key
+        self.lock_key: LockKey = make_key(key)
+        if using is not None and not isinstance(using, str):
+            raise TypeError(f"using must be a database alias (str) or None, not {using!r}.")
+        self.using = using or DEFAULT_DB_ALIAS
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait must be True or False, not {wait!r}.")
+        if not isinstance(shared, bool):
+            raise TypeError(f"shared must be True or False, not {shared!r}.")
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}.")
+        self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
+        self._timeout = _checked_timeout(wait, timeout)
+        self._handles: list[LockHandle] = []
+
+    def __repr__(self) -> str:
+        return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
+
+    def __enter__(self) -> LockHandle:
+        connection = connections[self.using]
+        backend = get_backend(connection)
+        if self.shared and not backend.supports_shared:
+            raise NotSupportedError(
+                f"Shared locks are not supported on {backend.describe()}: MySQL and MariaDB "
+                f"have no shared named locks. Lock {self.lock_key.label} exclusively."
+            )
+        scope = self._resolve_scope(connection)
+        db_key = backend.db_key(self.lock_key)
+        native = scope == "transaction" and backend.native_transaction_scope
+        started = time.monotonic()
+        acquired = backend.acquire(db_key, shared=self.shared, transaction=native, timeout=self._timeout)
+        now = time.monotonic()
+        handle = LockHandle(
+            key=self.key,
+            db_key=db_key,
+            using=self.using,
+            scope=scope,
+            shared=self.shared,
+            acquired=acquired,
+            wait_time=now - started,
+            acquired_at=now if acquired else None,
+            lock_key=self.lock_key,
+            _token=backend.holder_token(),
+        )
+        if not acquired:
+            logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
+            if self.wait:
+                raise LockNotAcquired(
+                    f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
+                    f"session; gave up after {self.timeout:g}s. Retry later, raise timeout=, "
+                    f"or pass wait=False to skip the work when the lock is busy."
+                )
+        elif scope == "transaction" and not native:
+            _release_at_transaction_end(backend, handle, after_rollback=False)
+        self._handles.append(handle)
+        return handle
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        handle = self._handles.pop()
+        if handle.acquired and handle.scope == "session":
+            _release_session_lock(get_backend(connections[self.using]), handle, exc_value)
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: take the lock around each call; a busy lock raises."""
+
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self as handle:
+                if not handle:
+                    raise LockNotAcquired(
+                        f"Lock {self.lock_key.label} on database {self.using!r} is held by "
+                        f"another session, so {func.__qualname__}() did not run. Retry later, "
+                        f"or pass a timeout= to wait for it."
+                    )
+                return func(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    def _resolve_scope(self, connection: Any) -> Literal["session", "transaction"]:
+        if self.scope == "session":
+            return "session"
+        if connection.in_atomic_block:
+            return "transaction"
+        if self.scope == "transaction":
+            raise TransactionManagementError(
+                f"advisory_lock({self.lock_key.label}, scope='transaction') must be used inside "
+                f"transaction.atomic(using={self.using!r}). Wrap the block in atomic(), or use "
+                f"scope='session'."
+            )
+        return "session"
+
+
+def advisory_lock(
+    key: Key,
+    *,
+    using: str | None = None,
+    wait: bool = True,
+    timeout: float | None = None,
+    shared: bool = False,
+    scope: Scope = "auto",
+) -> AdvisoryLock:
+    """Return an advisory lock on ``key`` for use as a context manager or a decorator.
+
+    ``wait=True`` blocks until the lock is free, ``timeout`` bounds that wait (then
+    ``LockNotAcquired``), ``wait=False`` tries once and yields a falsy handle when busy.
+    """
+    return AdvisoryLock(key, using=using, wait=wait, timeout=timeout, shared=shared, scope=scope)
+
+
+def _checked_timeout(wait: bool, timeout: object) -> float | None:
+    """The backend's timeout: None waits for ever, 0 tries once, else a bound in seconds."""
+    if not wait:
+        if timeout is not None:
+            raise ValueError("timeout= can't be combined with wait=False (which tries once).")
+        return 0
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, Real):
+        raise ValueError(f"timeout must be a number of seconds or None, not {timeout!r}.")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, not {timeout!r}.")
+    return float(timeout)
+
+
+def _release_session_lock(backend: LockBackend, handle: LockHandle, exc: BaseException | None) -> None:
+    """Release on the connection that took the lock; never leave it in an unknown state."""
+    label = handle.lock_key.label
+    if backend.holder_token() is not handle._token:
+        # The connection that held the lock was closed during the block: the database
+        # dropped the lock then, so the block did not run under it to the end.
+        _lost(f"Lock {label} on database {handle.using!r} was lost during the block: the "
+              f"connection holding it was closed.", exc)  # fmt: skip
+        return
+    if backend.transaction_is_aborted():
+        # PostgreSQL refuses every statement (25P02) until the rollback: release right after.
+        _release_at_transaction_end(backend, handle, after_rollback=True)
+        return
+    try:
+        released = backend.release(handle.db_key, shared=handle.shared)
+    except DatabaseError as error:
+        # The release could not run: close the connection so that the database drops the lock
+        # and nobody reuses a connection whose locks are in an unknown state.
+        backend.connection.close()
+        _lost(f"Releasing lock {label} on database {handle.using!r} failed ({error}); the "
+              f"connection was closed, which releases it.", exc, error)  # fmt: skip
+        return
+    if not released:
+        _lost(f"Lock {label} on database {handle.using!r} was not held by this connection "
+              f"when released: it was lost during the block (connection reset, "
+              f"pg_advisory_unlock_all(), or a transaction-mode pooler).", exc)  # fmt: skip
+        return
+    logger.debug("Released lock %s on database %r.", label, handle.using)
+
+
+def _lost(message: str, exc: BaseException | None, cause: BaseException | None = None) -> None:
+    """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
+    if exc is not None:
+        logger.error(message)
+        return
+    raise LockLost(message) from cause
+
+
+class _ReleaseAtTransactionEnd:
+    """Releases one hold when the transaction that took it ends, by commit or by rollback.
+
+    Django runs ``on_commit`` callbacks after a commit and drops them on a rollback
+    (of the transaction, or of the savepoint they were registered in); dropping the last
+    reference runs ``__del__``, so either way the release runs exactly once, right then.
+    """
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    def __call__(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __del__(self) -> None:
+        try:
+            self()
+        except Exception:
+            logger.exception("Releasing an advisory lock at the end of a transaction failed.")
+
+
+def _release_at_transaction_end(backend: LockBackend, handle: LockHandle, *, after_rollback: bool) -> None:
+    def release() -> None:
+        connection = backend.connection
+        rolled_back = after_rollback and not connection.in_atomic_block
+        if backend.holder_token() is not handle._token:
+            return  # the connection closed: the database dropped the lock with it
+        try:
+            backend.release(handle.db_key, shared=handle.shared, after_rollback=rolled_back)
+        except DatabaseError:
+            logger.exception("Releasing lock %r failed; closing the connection.", handle.key)
+            connection.close()
+
+    transaction.on_commit(_ReleaseAtTransactionEnd(release), using=handle.using, robust=True)

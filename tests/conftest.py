@@ -1,0 +1,35 @@
+"""Fixtures: run each behaviour test on every database, with real servers."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.db import connections
+
+BACKENDS = ["default", "postgresql", "mysql"]
+BACKEND_IDS = {"default": "sqlite", "postgresql": "postgresql", "mysql": "mysql"}
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """Create the test databases of every configured alias, whatever the tests ask for."""
+    from django.test.utils import setup_databases
+    from django.test.utils import teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases=set(settings.DATABASES))
+    yield
+    with django_db_blocker.unblock():
+        connections.close_all()
+        teardown_databases(config, verbosity=0)
+
+
+@pytest.fixture(params=BACKENDS, ids=BACKEND_IDS.get)
+def using(request, django_db_setup, django_db_blocker):
+    """A database alias with real access (no test transaction around the test)."""
+    alias = request.param
+    if alias not in settings.DATABASES:
+        pytest.skip(f"no server for {alias!r} (see the warning at the start of the run)")
+    with django_db_blocker.unblock():
+        yield alias
+        connections[alias].close()

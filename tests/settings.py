@@ -1,0 +1,83 @@
+"""Settings for the test suite: SQLite ("default"), PostgreSQL and MariaDB/MySQL side by side.
+
+Servers are read from TEST_POSTGRES_URL and TEST_MYSQL_URL (defaults: this machine's local
+servers). Worker processes started by the tests set ADVISORY_LOCK_TEST_WORKER=1 and use the
+test databases that pytest created.
+"""
+
+import os
+import socket
+import tempfile
+import warnings
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from testproject.database_url import parse
+from testproject.settings import INSTALLED_APPS  # noqa: F401
+from testproject.settings import MIDDLEWARE  # noqa: F401
+from testproject.settings import ROOT_URLCONF  # noqa: F401
+from testproject.settings import TEMPLATES  # noqa: F401
+
+SECRET_KEY = "tests-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
+
+# One folder per test run, shared with the worker processes through the environment.
+RUN_DIR = Path(
+    os.environ.setdefault("ADVISORY_LOCK_TEST_DIR", tempfile.mkdtemp(prefix="advisory-lock-tests-"))
+)
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(RUN_DIR / "main.sqlite3"),
+        "TEST": {"NAME": str(RUN_DIR / "test.sqlite3")},
+    },
+    "postgresql": {**parse(POSTGRES_URL, RUN_DIR), "TEST": {"NAME": "test_advisory_lock"}},
+    "mysql": {
+        **parse(MYSQL_URL, RUN_DIR),
+        "OPTIONS": {"charset": "utf8mb4"},
+        "TEST": {"NAME": "test_advisory_lock", "CHARSET": "utf8mb4"},
+    },
+}
+
+
+def _reachable(settings_dict: dict) -> bool:
+    try:
+        socket.create_connection((settings_dict["HOST"], int(settings_dict["PORT"])), 2).close()
+    except OSError:
+        return False
+    return True
+
+
+if "ADVISORY_LOCK_TEST_MISSING" not in os.environ:
+    missing = [alias for alias in ("postgresql", "mysql") if not _reachable(DATABASES[alias])]
+    if missing and os.environ.get("CI") == "true":
+        raise ImproperlyConfigured(
+            f"CI=true but no server answers for {missing}: start PostgreSQL and MariaDB "
+            f"(.ci/run does), or set TEST_POSTGRES_URL / TEST_MYSQL_URL."
+        )
+    for alias in missing:
+        warnings.warn(
+            f"\n\n*** No server for the {alias!r} test database: its tests are SKIPPED. ***\n",
+            stacklevel=1,
+        )
+    os.environ["ADVISORY_LOCK_TEST_MISSING"] = ",".join(missing)
+for alias in os.environ["ADVISORY_LOCK_TEST_MISSING"].split(","):
+    DATABASES.pop(alias, None)
+if os.environ.get("ADVISORY_LOCK_TEST_WORKER"):
+    for settings_dict in DATABASES.values():
+        settings_dict["NAME"] = settings_dict["TEST"]["NAME"]
+
+ADVISORY_LOCK = {"NAMESPACE": "tests"}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"advisory_lock": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -24,8 +24,7 @@ INT32_RANGE = range(-(2**31), 2**31)
 MAX_NAME_LENGTH = 1000
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 ALLOWED_FORMS = (
-    "a non-empty str, an int in signed 64-bit range, "
-    "or a tuple of two ints in signed 32-bit range"
+    "a non-empty str, an int in signed 64-bit range, or a tuple of two ints in signed 32-bit range"
 )
 # Characters that every backend's name comparison treats the same (no case folding, no
 # collation, no trailing-space padding). Anything else makes the name hashed.

@@ -85,7 +85,9 @@ class AdvisoryLock:
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be True or False, not {shared!r}.")
         if scope not in SCOPES:
-            raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}.")
+            raise ValueError(
+                f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}."
+            )
         self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
         self._timeout = _checked_timeout(wait, timeout)
         self._handles: list[LockHandle] = []
@@ -105,7 +107,9 @@ class AdvisoryLock:
         db_key = backend.db_key(self.lock_key)
         native = scope == "transaction" and backend.native_transaction_scope
         started = time.monotonic()
-        acquired = backend.acquire(db_key, shared=self.shared, transaction=native, timeout=self._timeout)
+        acquired = backend.acquire(
+            db_key, shared=self.shared, transaction=native, timeout=self._timeout
+        )
         now = time.monotonic()
         handle = LockHandle(
             key=self.key,
@@ -122,10 +126,15 @@ class AdvisoryLock:
         if not acquired:
             logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
             if self.wait:
+                waited = (
+                    f"gave up after {self.timeout:g}s"
+                    if self.timeout is not None
+                    else "the server's lock_timeout ran out"
+                )
                 raise LockNotAcquired(
                     f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
-                    f"session; gave up after {self.timeout:g}s. Retry later, raise timeout=, "
-                    f"or pass wait=False to skip the work when the lock is busy."
+                    f"session; {waited}. Retry later, raise timeout=, or pass wait=False to "
+                    f"skip the work when the lock is busy."
                 )
         elif scope == "transaction" and not native:
             _release_at_transaction_end(backend, handle, after_rollback=False)
@@ -199,7 +208,9 @@ def _checked_timeout(wait: bool, timeout: object) -> float | None:
     return float(timeout)
 
 
-def _release_session_lock(backend: LockBackend, handle: LockHandle, exc: BaseException | None) -> None:
+def _release_session_lock(
+    backend: LockBackend, handle: LockHandle, exc: BaseException | None
+) -> None:
     """Release on the connection that took the lock; never leave it in an unknown state."""
     label = handle.lock_key.label
     if backend.holder_token() is not handle._token:
@@ -262,7 +273,9 @@ class _ReleaseAtTransactionEnd:
             logger.exception("Releasing an advisory lock at the end of a transaction failed.")
 
 
-def _release_at_transaction_end(backend: LockBackend, handle: LockHandle, *, after_rollback: bool) -> None:
+def _release_at_transaction_end(
+    backend: LockBackend, handle: LockHandle, *, after_rollback: bool
+) -> None:
     def release() -> None:
         connection = backend.connection
         rolled_back = after_rollback and not connection.in_atomic_block

@@ -27,7 +27,9 @@ STATIC_URL = "static/"
 
 # One folder per test run, shared with the worker processes through the environment.
 RUN_DIR = Path(
-    os.environ.setdefault("ADVISORY_LOCK_TEST_DIR", tempfile.mkdtemp(prefix="advisory-lock-tests-"))
+    os.environ.setdefault(
+        "ADVISORY_LOCK_TEST_DIR", tempfile.mkdtemp(prefix="advisory-lock-tests-")
+    )
 )
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")

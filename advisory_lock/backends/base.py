@@ -37,7 +37,9 @@ class LockBackend:
         """What the database sees for ``key``: an int, an int pair, a name or a path."""
         raise NotImplementedError
 
-    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+    def acquire(
+        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
+    ) -> bool:
         """Take the lock; return False if it is busy (try once) or the bounded wait ran out."""
         raise NotImplementedError
 
@@ -64,7 +66,7 @@ class LockBackend:
     # Shared helpers.
 
     def run(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """Execute one statement on the driver connection and return its first row."""
+        """Execute one statement on the driver connection; return its first row, if any."""
         connection = self.connection
         if connection.connection is None:
             connection.ensure_connection()
@@ -74,11 +76,11 @@ class LockBackend:
         cursor = self._cursor
         if not connection.queries_logged:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return cursor.fetchone() if cursor.description else None
         start = time.monotonic()
         try:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return cursor.fetchone() if cursor.description else None
         finally:
             duration = time.monotonic() - start
             connection.queries_log.append(

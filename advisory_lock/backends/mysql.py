@@ -32,7 +32,9 @@ class MySQLBackend(LockBackend):
     def db_key(self, key: LockKey) -> str:
         return shorten(f"{self.connection.settings_dict['NAME']}/{key.identity}", MAX_NAME_LENGTH)
 
-    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+    def acquire(
+        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
+    ) -> bool:
         with self.connection.wrap_database_errors:
             if timeout is None:
                 return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)

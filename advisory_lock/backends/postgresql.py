@@ -47,13 +47,13 @@ _UNLOCK_SQL = {
 # A bounded wait in autocommit mode: set_config(..., true) lasts for this statement's own
 # transaction only. The sub-select runs first: it holds a volatile function, so the planner
 # can't pull it up into the outer query.
-_BOUNDED_SQL = "SELECT {lock} FROM (SELECT set_config('lock_timeout', %s, true)) AS _t"
+_BOUNDED_SQL = "SELECT {lock} FROM (SELECT set_config('lock_timeout', %s::text, true)) AS _t"
 # Inside a transaction: restore the previous lock_timeout in the same statement, so the
 # setting does not outlive the lock call (a released savepoint keeps SET LOCAL values).
 _BOUNDED_IN_TRANSACTION_SQL = (
     "SELECT {lock}, set_config('lock_timeout', _t.previous, true) FROM "
     "(SELECT current_setting('lock_timeout') AS previous, "
-    "set_config('lock_timeout', %s, true)) AS _t"
+    "set_config('lock_timeout', %s::text, true)) AS _t"
 )
 _BOUNDED = {k: _BOUNDED_SQL.format(lock=v.removeprefix("SELECT ")) for k, v in _LOCK_SQL.items()}
 _BOUNDED_IN_TRANSACTION = {
@@ -69,7 +69,9 @@ class PostgreSQLBackend(LockBackend):
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
         return key.as_int64()
 
-    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+    def acquire(
+        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
+    ) -> bool:
         pair = isinstance(db_key, tuple)
         params = db_key if pair else (db_key,)
         variant = (timeout == 0, transaction, shared, pair)
@@ -85,21 +87,23 @@ class PostgreSQLBackend(LockBackend):
             except errors.OutOfMemory as exc:
                 raise AdvisoryLockError(
                     f"PostgreSQL's lock table is full on {self.describe()} ({exc}). Each "
-                    f"advisory lock takes a slot; the table has max_locks_per_transaction × "
+                    f"advisory lock takes a slot; the table has max_locks_per_transaction x "
                     f"(max_connections + max_prepared_transactions) slots. Release locks you "
                     f"no longer need, or raise max_locks_per_transaction."
                 ) from exc
 
-    def _bounded_wait(self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float) -> bool:
+    def _bounded_wait(
+        self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float
+    ) -> bool:
         # lock_timeout is in milliseconds, and 0 would mean "no limit".
         lock_timeout = str(max(1, math.ceil(timeout * 1000)))
         if self._raw_autocommit():
-            self.run(_BOUNDED[variant], (lock_timeout, *params))
+            self.run(_BOUNDED[variant], (*params, lock_timeout))
             return True
         # In a transaction a lock_timeout error would abort it: wait inside a savepoint.
         self.run("SAVEPOINT advisory_lock_wait", ())
         try:
-            self.run(_BOUNDED_IN_TRANSACTION[variant], (lock_timeout, *params))
+            self.run(_BOUNDED_IN_TRANSACTION[variant], (*params, lock_timeout))
         except errors.LockNotAvailable:
             self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", ())
             self.run("RELEASE SAVEPOINT advisory_lock_wait", ())

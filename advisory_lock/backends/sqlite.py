@@ -61,7 +61,9 @@ class SQLiteBackend(LockBackend):
         # The file lock does not depend on the SQLite connection staying open.
         return self
 
-    def acquire(self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None) -> bool:
+    def acquire(
+        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
+    ) -> bool:
         hold = self._holds.get(db_key)
         if hold is not None:
             if shared or hold.exclusive:

@@ -15,7 +15,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         with advisory_lock("nightly_report", wait=False) as lock:
             if not lock:
-                self.stderr.write(f"pid {os.getpid()}: nightly_report is running elsewhere; skipped.")
+                self.stderr.write(
+                    f"pid {os.getpid()}: nightly_report is running elsewhere; skipped."
+                )
                 return
             self.stdout.write(f"pid {os.getpid()}: took the lock, working...")
             time.sleep(options["seconds"])

@@ -1,0 +1,31 @@
+# Two commands do all set-up on a fresh clone: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+DJANGO ?= Django>=5.2,<6
+export PYTHON VENV DJANGO
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench lint setup clean
+
+## Run the demo: 4 instances of a locked command start at once; exactly one does the work.
+demo:
+	scripts/setup.sh
+	DJANGO_SETTINGS_MODULE=testproject.settings $(PY) -m testproject.demo
+
+## Run the whole test suite against SQLite, PostgreSQL and MariaDB (starts them if needed).
+test:
+	scripts/setup.sh --servers
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+## Measure lock throughput against the raw drivers (see bench/README section in README.md).
+bench:
+	EXTRAS=postgres,mysql,test,bench scripts/setup.sh --servers
+	$(PY) bench/locks.py
+
+setup:
+	scripts/setup.sh --servers
+
+clean:
+	rm -rf .venv .venv-* testproject/demo.sqlite3 testproject/demo.sqlite3.locks

@@ -1,0 +1,39 @@
+"""Look at a lock from another database connection (another thread, so another connection)."""
+
+from __future__ import annotations
+
+import threading
+
+from django.db import connections
+
+from advisory_lock import advisory_lock
+
+
+def in_other_connection(func, *args, **kwargs):
+    """Run ``func`` in a new thread, which gets its own Django connections; return its result."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = func(*args, **kwargs)
+        except BaseException as exc:  # handed back to the caller below
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def is_free(key, using, *, shared=False):
+    """True if another connection can take ``key`` right now (it lets go at once)."""
+
+    def attempt():
+        with advisory_lock(key, using=using, wait=False, shared=shared) as handle:
+            return handle.acquired
+
+    return in_other_connection(attempt)

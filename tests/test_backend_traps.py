@@ -1,0 +1,201 @@
+"""The database traps each backend must handle, tested on the real servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import OperationalError
+from django.db import connections
+from django.db import transaction
+from django.test.utils import CaptureQueriesContext
+
+from advisory_lock import AdvisoryLockError
+from advisory_lock import LockNotAcquired
+from advisory_lock import NotSupportedError
+from advisory_lock import advisory_lock
+from advisory_lock.backends import get_backend
+from tests.probes import in_other_connection
+from tests.probes import is_free
+from tests.servers import backend_id
+from tests.servers import kill_connection_of
+from tests.test_locks import held_elsewhere
+
+postgresql_only = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+mysql_only = pytest.mark.parametrize("using", ["mysql"], indirect=True)
+
+
+def show(using, setting):
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SHOW {setting}")
+        return cursor.fetchone()[0]
+
+
+# PostgreSQL
+
+
+@postgresql_only
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "atomic"])
+@pytest.mark.parametrize("busy", [False, True], ids=["free", "busy"])
+def test_bounded_wait_does_not_leak_lock_timeout(using, in_transaction, busy):
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET lock_timeout = '7s'")
+    holder = held_elsewhere("leak", using) if busy else None
+    if holder:
+        holder.__enter__()
+    try:
+        with transaction.atomic(using=using) if in_transaction else _nothing():
+            try:
+                with advisory_lock("leak", using=using, timeout=0.05, scope="session"):
+                    assert show(using, "lock_timeout") == "7s"
+            except LockNotAcquired:
+                assert busy
+            assert show(using, "lock_timeout") == "7s"
+        assert show(using, "lock_timeout") == "7s"
+    finally:
+        if holder:
+            holder.__exit__(None, None, None)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+@postgresql_only
+def test_a_server_lock_timeout_is_lock_not_acquired(using):
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET lock_timeout = '100ms'")
+    with held_elsewhere("server-timeout", using), pytest.raises(LockNotAcquired):
+        with advisory_lock("server-timeout", using=using):
+            pass
+
+
+@postgresql_only
+def test_a_statement_timeout_is_not_lock_not_acquired(using):
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET statement_timeout = '100ms'")
+    with held_elsewhere("statement-timeout", using):
+        with pytest.raises(OperationalError, match="statement timeout") as excinfo:
+            with advisory_lock("statement-timeout", using=using):
+                pass
+    assert not isinstance(excinfo.value, LockNotAcquired)
+    assert excinfo.value.__cause__.sqlstate == "57014"
+
+
+@postgresql_only
+def test_a_full_lock_table_raises_an_error_naming_max_locks_per_transaction(using):
+    locks = []
+    try:
+        with pytest.raises(AdvisoryLockError, match="max_locks_per_transaction"):
+            for number in range(1_000_000):
+                lock = advisory_lock(number, using=using)
+                lock.__enter__()
+                locks.append(lock)
+        assert len(locks) > 1000
+    finally:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
+    assert is_free(0, using)
+
+
+@postgresql_only
+def test_shared_locks_allow_many_readers_and_no_writer(using):
+    with advisory_lock("readers", using=using, shared=True):
+        assert is_free("readers", using, shared=True)
+        assert not is_free("readers", using)
+    assert is_free("readers", using)
+
+
+# MySQL and MariaDB
+
+
+@mysql_only
+def test_get_lock_returning_null_is_an_error_not_busy(using):
+    """KILL QUERY of a waiting GET_LOCK makes it return NULL."""
+    waiter_id = {}
+    started = threading.Event()
+
+    def wait_for_lock():
+        waiter_id["id"] = backend_id(using)
+        started.set()
+        with advisory_lock("null", using=using, timeout=20):
+            pass
+
+    with held_elsewhere("null", using):
+        outcome = {}
+        thread = threading.Thread(
+            target=lambda: outcome.update(error=_raised(in_other_connection, wait_for_lock))
+        )
+        thread.start()
+        assert started.wait(10)
+        time.sleep(0.3)  # let it reach GET_LOCK
+
+        def kill_query():
+            with connections[using].cursor() as cursor:
+                cursor.execute(f"KILL QUERY {int(waiter_id['id'])}")
+
+        in_other_connection(kill_query)
+        thread.join(10)
+    assert isinstance(outcome["error"], AdvisoryLockError)
+    assert not isinstance(outcome["error"], LockNotAcquired)
+    assert "NULL" in str(outcome["error"])
+
+
+def _raised(func, *args):
+    try:
+        func(*args)
+    except Exception as exc:
+        return exc
+    return None
+
+
+@mysql_only
+def test_fractional_timeout_is_honoured_on_mariadb(using):
+    with held_elsewhere("fraction", using):
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired):
+            with advisory_lock("fraction", using=using, timeout=0.3):
+                pass
+        waited = time.monotonic() - started
+    # It waited, and did not round the bound up to a whole second.
+    assert 0.25 <= waited < 0.9
+
+
+@mysql_only
+def test_waiting_for_ever_sends_no_negative_timeout_to_mariadb(using):
+    with CaptureQueriesContext(connections[using]) as queries:
+        with advisory_lock("forever", using=using):
+            pass
+    assert "-1" not in queries[0]["sql"]
+    assert "2147483647" in queries[0]["sql"]
+
+
+@mysql_only
+def test_shared_locks_are_not_supported_on_mysql(using):
+    with pytest.raises(NotSupportedError, match="mysql"):
+        with advisory_lock("shared", using=using, shared=True):
+            pass
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_killed_holder_connection_frees_the_lock(using):
+    def take_and_get_killed():
+        with pytest.raises(Exception):  # noqa: B017  (LockLost at release)
+            with advisory_lock("victim", using=using):
+                kill_connection_of(using)
+                assert is_free("victim", using)
+
+    in_other_connection(take_and_get_killed)
+
+
+def test_an_unsupported_engine_is_named_in_the_error():
+    from django.db.backends.dummy.base import DatabaseWrapper
+
+    wrapper = DatabaseWrapper({"ENGINE": "django.db.backends.dummy"}, alias="legacy")
+    with pytest.raises(NotSupportedError, match=r"'legacy'.*django\.db\.backends\.dummy"):
+        get_backend(wrapper)

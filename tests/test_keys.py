@@ -1,0 +1,134 @@
+"""Keys and arguments: validated before any SQL, derived the same way everywhere."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from advisory_lock import advisory_lock
+from advisory_lock.backends import get_backend
+from advisory_lock.keys import make_key
+from advisory_lock.keys import shorten
+
+MALFORMED_KEYS = [
+    (None, TypeError),
+    (1.5, TypeError),
+    (b"job", TypeError),
+    (True, TypeError),
+    (False, TypeError),
+    ("", ValueError),
+    ("   ", ValueError),
+    ("x" * 1001, ValueError),
+    ("\ud800", ValueError),
+    (2**63, ValueError),
+    (-(2**63) - 1, ValueError),
+    ((1,), TypeError),
+    ((1, 2, 3), TypeError),
+    ((1, "2"), TypeError),
+    ((True, 1), TypeError),
+    ((2**31, 0), ValueError),
+    ((0, -(2**31) - 1), ValueError),
+    ([1, 2], TypeError),
+    ({"key": 1}, TypeError),
+]
+MALFORMED_OPTIONS = [
+    ({"timeout": -1}, ValueError),
+    ({"timeout": "5"}, ValueError),
+    ({"timeout": float("nan")}, ValueError),
+    ({"timeout": float("inf")}, ValueError),
+    ({"timeout": True}, ValueError),
+    ({"wait": False, "timeout": 1}, ValueError),
+    ({"wait": "yes"}, TypeError),
+    ({"shared": 1}, TypeError),
+    ({"scope": "global"}, ValueError),
+    ({"using": 3}, TypeError),
+]
+
+
+@pytest.mark.parametrize(("key", "error"), MALFORMED_KEYS, ids=repr)
+def test_malformed_keys_are_refused_before_any_sql(using, key, error):
+    with CaptureQueriesContext(connections[using]) as queries:
+        with pytest.raises(error, match=r"str|int|range|blank|UTF-8|limit"):
+            advisory_lock(key, using=using)
+    assert len(queries) == 0
+
+
+@pytest.mark.parametrize(("options", "error"), MALFORMED_OPTIONS, ids=repr)
+def test_malformed_options_are_refused_before_any_sql(using, options, error):
+    options.setdefault("using", using)
+    with CaptureQueriesContext(connections[using]) as queries, pytest.raises(error):
+        advisory_lock("job", **options)
+    assert len(queries) == 0
+
+
+def test_allowed_key_forms_are_accepted():
+    assert make_key("job").value == "job"
+    assert make_key(2**63 - 1).value == 2**63 - 1
+    assert make_key(-(2**63)).value == -(2**63)
+    assert make_key((-(2**31), 2**31 - 1)).value == (-(2**31), 2**31 - 1)
+
+
+def test_string_key_derivation_is_sha256_of_namespace_and_name():
+    digest = hashlib.sha256(b"tests:nightly-report").digest()
+    assert make_key("nightly-report").as_int64() == int.from_bytes(digest[:8], "big", signed=True)
+    # A fixed value: the same in every process, Python version and machine.
+    assert make_key("job", namespace="django").as_int64() == 5363234719324627336
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_readme_sql_computes_the_same_postgresql_key(using):
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT ('x' || substr(encode(sha256(convert_to(%s, 'UTF8')), 'hex'), 1, 16))"
+            "::bit(64)::bigint",
+            ["tests:nightly-report"],
+        )
+        (from_sql,) = cursor.fetchone()
+    assert from_sql == make_key("nightly-report").as_int64()
+
+
+def test_namespace_separates_string_keys():
+    assert make_key("job", "app-a").as_int64() != make_key("job", "app-b").as_int64()
+    with override_settings(ADVISORY_LOCK={"NAMESPACE": "other"}):
+        assert make_key("job").identity == "other:job"
+
+
+@pytest.mark.parametrize("namespace", ["", "has:colon", "with space", "x" * 65, 7])
+def test_invalid_namespace_setting_is_improperly_configured(namespace):
+    with override_settings(ADVISORY_LOCK={"NAMESPACE": namespace}):
+        with pytest.raises(ImproperlyConfigured, match="NAMESPACE"):
+            make_key("job")
+
+
+@pytest.mark.parametrize("using", ["mysql"], indirect=True)
+def test_mysql_names_include_the_database_and_fit_64_characters(using):
+    backend = get_backend(connections[using])
+    database = connections[using].settings_dict["NAME"]
+    assert backend.db_key(make_key("nightly")) == f"{database}/tests:nightly"
+    long_name = backend.db_key(make_key("n" * 200))
+    assert len(long_name) == 64
+    assert long_name != backend.db_key(make_key("n" * 199))
+    assert backend.db_key(make_key("Job")) != backend.db_key(make_key("job"))
+
+
+def test_shortening_never_cuts_two_names_into_one():
+    prefix = "x" * 70
+    names = {shorten(f"{prefix}{i}", 64) for i in range(5000)}
+    assert len(names) == 5000
+    assert all(len(name) <= 64 for name in names)
+    # A shortened name can never equal a plain one.
+    assert shorten("ab~" + "c" * 20, 64) != "ab~" + "c" * 20
+
+
+@pytest.mark.parametrize("using", ["mysql"], indirect=True)
+def test_long_names_lock_on_mysql(using):
+    from tests.probes import is_free
+
+    with advisory_lock("a-very-long-job-name-" * 10, using=using):
+        assert not is_free("a-very-long-job-name-" * 10, using)
+        assert is_free("a-very-long-job-name-" * 9 + "b-very-long-job-name-", using)

@@ -1,0 +1,303 @@
+"""Behaviour of advisory_lock on every backend: scopes, waits, re-entrancy, statement counts."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connections
+from django.db import transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from advisory_lock import LockLost
+from advisory_lock import LockNotAcquired
+from advisory_lock import advisory_lock
+from tests.probes import in_other_connection
+from tests.probes import is_free
+
+# Statements per lock operation: SQLite's locks are files, not SQL.
+ONE_STATEMENT = {"default": 0, "postgresql": 1, "mysql": 1}
+
+
+def hold_in_other_connection(key, using, ready, done, **options):
+    """Hold ``key`` from another connection until ``done`` is set (thread target)."""
+    with advisory_lock(key, using=using, **options):
+        ready.set()
+        done.wait(30)
+
+
+class held_elsewhere:
+    """Context manager: another connection holds ``key`` for the duration."""
+
+    def __init__(self, key, using, **options):
+        import threading
+
+        self.ready, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: in_other_connection(
+                hold_in_other_connection, key, using, self.ready, self.done, **options
+            )
+        )
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.ready.wait(10), "the other connection did not take the lock"
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(10)
+
+
+def test_session_lock_is_held_inside_the_block_and_free_after(using):
+    with advisory_lock("job", using=using) as handle:
+        assert handle.acquired and handle.scope == "session"
+        assert not is_free("job", using)
+    assert is_free("job", using)
+
+
+def test_try_lock_yields_a_falsy_handle_when_another_connection_holds_it(using):
+    with held_elsewhere("busy", using), advisory_lock("busy", using=using, wait=False) as handle:
+        assert not handle
+        assert handle.acquired is False
+
+
+def test_decorator_raises_lock_not_acquired_when_busy_and_runs_when_free(using):
+    @advisory_lock("decorated", using=using, wait=False)
+    def work(value):
+        assert not is_free("decorated", using)
+        return value * 2
+
+    assert work(21) == 42
+    with held_elsewhere("decorated", using), pytest.raises(LockNotAcquired, match="work"):
+        work(1)
+    assert is_free("decorated", using)
+
+
+def test_timeout_raises_lock_not_acquired_naming_key_and_alias(using):
+    with held_elsewhere("slow", using), pytest.raises(LockNotAcquired) as excinfo:
+        with advisory_lock("slow", using=using, timeout=0.2):
+            pytest.fail("the body must not run")
+    assert "'slow'" in str(excinfo.value) and repr(using) in str(excinfo.value)
+
+
+def test_same_holder_can_take_a_key_twice_and_release_counts_down(using):
+    with advisory_lock("again", using=using):
+        with advisory_lock("again", using=using, wait=False) as inner:
+            assert inner.acquired
+        assert not is_free("again", using), "the outer hold must survive the inner release"
+    assert is_free("again", using)
+
+
+def test_keys_differing_in_case_are_distinct_locks_on_every_backend(using):
+    with advisory_lock("Job", using=using):
+        assert is_free("job", using)
+        assert not is_free("Job", using)
+
+
+def test_int_and_pair_keys_lock_independently(using):
+    with advisory_lock(42, using=using), advisory_lock((1, 2), using=using):
+        assert not is_free(42, using)
+        assert not is_free((1, 2), using)
+        assert is_free(43, using)
+        assert is_free((2, 1), using)
+    assert is_free(42, using) and is_free((1, 2), using)
+
+
+# transaction.atomic awareness
+
+
+def test_lock_taken_inside_atomic_is_held_until_commit(using):
+    with transaction.atomic(using=using):
+        with advisory_lock("tx", using=using) as handle:
+            assert handle.scope == "transaction"
+        assert not is_free("tx", using), "released before the commit"
+    assert is_free("tx", using)
+
+
+def test_lock_taken_inside_atomic_is_released_by_rollback(using):
+    with pytest.raises(ZeroDivisionError):
+        with transaction.atomic(using=using):
+            with advisory_lock("tx-rollback", using=using):
+                pass
+            assert not is_free("tx-rollback", using)
+            1 / 0  # noqa: B018
+    assert is_free("tx-rollback", using)
+
+
+def test_lock_inside_atomic_marked_for_rollback_is_released_at_the_end(using):
+    with transaction.atomic(using=using):
+        with advisory_lock("tx-needs-rollback", using=using):
+            transaction.set_rollback(True, using=using)
+        assert not is_free("tx-needs-rollback", using)
+    assert is_free("tx-needs-rollback", using)
+
+
+def test_lock_taken_in_a_rolled_back_savepoint_is_released_with_it(using):
+    # PostgreSQL releases xact locks at ROLLBACK TO SAVEPOINT; the other backends do the same.
+    with transaction.atomic(using=using):
+        with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
+            with advisory_lock("savepoint", using=using):
+                pass
+            assert not is_free("savepoint", using)
+            1 / 0  # noqa: B018
+        assert is_free("savepoint", using)
+
+
+def test_lock_taken_in_a_released_savepoint_is_held_until_the_outer_commit(using):
+    with transaction.atomic(using=using):
+        with transaction.atomic(using=using), advisory_lock("nested", using=using):
+            pass
+        assert not is_free("nested", using)
+    assert is_free("nested", using)
+
+
+def test_reentrant_transaction_lock_is_held_until_commit(using):
+    with transaction.atomic(using=using):
+        with advisory_lock("tx-twice", using=using), advisory_lock("tx-twice", using=using):
+            pass
+        assert not is_free("tx-twice", using)
+    assert is_free("tx-twice", using)
+
+
+def test_explicit_session_scope_inside_atomic_is_released_at_block_exit(using):
+    with transaction.atomic(using=using):
+        with advisory_lock("explicit", using=using, scope="session") as handle:
+            assert handle.scope == "session"
+        assert is_free("explicit", using)
+
+
+def test_transaction_scope_outside_atomic_is_an_error(using):
+    with pytest.raises(TransactionManagementError, match=r"inside transaction\.atomic"):
+        with advisory_lock("no-tx", using=using, scope="transaction"):
+            pass
+
+
+def test_failed_try_inside_atomic_does_not_poison_the_transaction(using):
+    from testproject.example.models import Counter
+
+    with held_elsewhere("poison", using):
+        with transaction.atomic(using=using):
+            with advisory_lock("poison", using=using, wait=False) as handle:
+                assert not handle
+            Counter.objects.using(using).create(name="after-failed-try")
+        assert Counter.objects.using(using).filter(name="after-failed-try").exists()
+    Counter.objects.using(using).filter(name="after-failed-try").delete()
+
+
+def test_timeout_inside_atomic_does_not_poison_the_transaction(using):
+    from testproject.example.models import Counter
+
+    with held_elsewhere("poison-timeout", using):
+        with transaction.atomic(using=using):
+            with pytest.raises(LockNotAcquired):
+                with advisory_lock("poison-timeout", using=using, timeout=0.1):
+                    pass
+            Counter.objects.using(using).create(name="after-timeout")
+        assert Counter.objects.using(using).filter(name="after-timeout").exists()
+    Counter.objects.using(using).filter(name="after-timeout").delete()
+
+
+def test_transaction_that_fails_inside_a_session_lock_releases_it_and_keeps_the_error(using):
+    from testproject.example.models import Counter
+
+    Counter.objects.using(using).create(name="dup")
+    try:
+        with pytest.raises(Exception) as excinfo:
+            with transaction.atomic(using=using):
+                with advisory_lock("failing", using=using, scope="session"):
+                    Counter.objects.using(using).create(name="dup")  # IntegrityError
+        assert type(excinfo.value).__name__ == "IntegrityError"
+        assert is_free("failing", using)
+        # The connection is usable afterwards.
+        assert Counter.objects.using(using).filter(name="dup").count() == 1
+    finally:
+        Counter.objects.using(using).filter(name="dup").delete()
+
+
+# Statement counts: exact, per operation.
+
+
+def test_uncontended_try_and_release_are_one_statement_each(using):
+    connection = connections[using]
+    connection.ensure_connection()
+    lock = advisory_lock("count", using=using, wait=False)
+    with CaptureQueriesContext(connection) as acquire:
+        lock.__enter__()
+    with CaptureQueriesContext(connection) as release:
+        lock.__exit__(None, None, None)
+    assert len(acquire) == ONE_STATEMENT[using]
+    assert len(release) == ONE_STATEMENT[using]
+
+
+def test_uncontended_blocking_acquire_is_one_statement(using):
+    connection = connections[using]
+    connection.ensure_connection()
+    with CaptureQueriesContext(connection) as queries:
+        with advisory_lock("count-blocking", using=using):
+            assert len(queries) == ONE_STATEMENT[using]
+    assert len(queries) == 2 * ONE_STATEMENT[using]
+
+
+def test_uncontended_bounded_wait_outside_atomic_is_one_statement(using):
+    connection = connections[using]
+    connection.ensure_connection()
+    with CaptureQueriesContext(connection) as queries:
+        with advisory_lock("count-bounded", using=using, timeout=1.5):
+            assert len(queries) == ONE_STATEMENT[using]
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_lock_inside_atomic_on_postgresql_is_one_statement_in_all(using):
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        with CaptureQueriesContext(connection) as queries:
+            with advisory_lock("count-tx", using=using):
+                pass
+        assert len(queries) == 1
+        assert "pg_advisory_xact_lock" in queries[0]["sql"]
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_uncontended_bounded_wait_inside_atomic_is_at_most_three_statements(using):
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        with CaptureQueriesContext(connection) as queries:
+            with advisory_lock("count-tx-bounded", using=using, timeout=2):
+                pass
+        assert 1 <= len(queries) <= 3
+
+
+@pytest.mark.parametrize("using", ["default", "mysql"], indirect=True)
+def test_lock_inside_atomic_without_native_xact_locks_is_released_with_one_statement(using):
+    connection = connections[using]
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic(using=using):
+            with advisory_lock("count-emulated", using=using):
+                pass
+    lock_sql = [q["sql"] for q in queries if "LOCK" in q["sql"].upper()]
+    assert len(lock_sql) == 2 * ONE_STATEMENT[using]
+
+
+# Losing the connection.
+
+
+# SQLite's file lock does not live on the database connection: these are server backends only.
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_connection_closed_inside_the_block_raises_lock_lost(using):
+    with pytest.raises(LockLost, match="closed"):
+        with advisory_lock("closed", using=using):
+            connections[using].close()
+    assert is_free("closed", using)
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_lock_released_on_a_dead_connection_closes_it_and_raises_lock_lost(using):
+    from tests.servers import kill_connection_of
+
+    with pytest.raises(LockLost):
+        with advisory_lock("killed", using=using):
+            kill_connection_of(using)
+    assert connections[using].connection is None, "the broken connection must be closed"
+    assert is_free("killed", using)
+    with advisory_lock("killed", using=using) as handle:  # the alias reconnects
+        assert handle

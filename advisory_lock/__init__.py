@@ -1,5 +1,7 @@
 """django-advisory-lock: database advisory locks that know about ``transaction.atomic``."""
 
+from advisory_lock.commands import SingleInstanceMixin
+from advisory_lock.commands import single_instance
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
@@ -15,5 +17,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "NotSupportedError",
+    "SingleInstanceMixin",
     "advisory_lock",
+    "single_instance",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 from typing import ClassVar
@@ -58,6 +59,19 @@ class LockBackend:
     def transaction_is_aborted(self) -> bool:
         """True when the database refuses statements until the transaction is rolled back."""
         return False
+
+    def is_held(self, db_key: Any) -> bool:
+        """True if this holder still holds the lock: the watchdog's one-statement check."""
+        raise NotImplementedError
+
+    def holder(self, db_key: Any) -> dict[str, Any] | None:
+        """Who holds the lock, as far as the database can tell (None if nobody or unknown)."""
+        return None
+
+    @classmethod
+    def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
+        """Settings for a connection opened for one lock only (outside any pool)."""
+        return copy.deepcopy(settings_dict)
 
     def describe(self) -> str:
         """Name the database for messages: alias and vendor."""

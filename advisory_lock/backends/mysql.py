@@ -69,6 +69,26 @@ class MySQLBackend(LockBackend):
         # 1: released; 0: held by another connection; NULL: nobody holds it.
         return result == 1
 
+    def is_held(self, db_key: Any) -> bool:
+        with self.connection.wrap_database_errors:
+            (held,) = self.run("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (db_key,))
+        return held == 1
+
+    def holder(self, db_key: Any) -> dict[str, Any] | None:
+        with self.connection.wrap_database_errors:
+            (connection_id,) = self.run("SELECT IS_USED_LOCK(%s)", (db_key,))
+            if connection_id is None:
+                return None
+            row = self.run(
+                "SELECT USER, HOST, TIME, STATE FROM information_schema.PROCESSLIST WHERE ID = %s",
+                (connection_id,),
+            )
+        holder: dict[str, Any] = {"connection_id": connection_id}
+        if row is not None:
+            user, host, seconds, state = row
+            holder.update(user=user, client_addr=host, state=state, in_state_for=float(seconds))
+        return holder
+
     def _is_mariadb(self) -> bool:
         # From the handshake, not Django's mysql_is_mariadb (which may run a query).
         if self.connection.connection is None:

@@ -62,6 +62,30 @@ _BOUNDED_IN_TRANSACTION = {
 }
 
 
+# pg_locks shows a bigint key as classid (high 32 bits) and objid (low), objsubid 1; an int
+# pair as classid, objid, objsubid 2.
+_LOCK_ROW = (
+    "l.locktype = 'advisory' AND l.granted "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid AND l.objsubid = %s"
+)
+_IS_HELD_SQL = (
+    f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = pg_backend_pid())"
+)
+_HOLDER_SQL = (
+    "SELECT a.pid, a.usename, a.application_name, host(a.client_addr), a.backend_start, "
+    "a.xact_start, a.state, EXTRACT(EPOCH FROM now() - a.backend_start) "
+    f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE {_LOCK_ROW} LIMIT 1"
+)
+
+
+def lock_row_ids(db_key: int | tuple[int, int]) -> tuple[int, int, int]:
+    """(classid, objid, objsubid) of ``db_key`` in pg_locks."""
+    if isinstance(db_key, tuple):
+        return db_key[0] & 0xFFFFFFFF, db_key[1] & 0xFFFFFFFF, 2
+    return (db_key >> 32) & 0xFFFFFFFF, db_key & 0xFFFFFFFF, 1
+
+
 class PostgreSQLBackend(LockBackend):
     vendor = "postgresql"
     native_transaction_scope = True
@@ -121,6 +145,38 @@ class PostgreSQLBackend(LockBackend):
                 # opened a transaction for the unlock, which must not be left open.
                 raw.commit()
         return bool(row[0])
+
+    def is_held(self, db_key: Any) -> bool:
+        with self.connection.wrap_database_errors:
+            return self.run(_IS_HELD_SQL, lock_row_ids(db_key))[0]
+
+    def holder(self, db_key: Any) -> dict[str, Any] | None:
+        with self.connection.wrap_database_errors:
+            row = self.run(_HOLDER_SQL, lock_row_ids(db_key))
+        if row is None:
+            return None
+        pid, user, application, client, backend_start, xact_start, state, age = row
+        return {
+            "pid": pid,
+            "user": user,
+            "application_name": application,
+            "client_addr": client or "local socket",
+            "since": backend_start,
+            "transaction_start": xact_start,
+            "state": state,
+            "held_for": float(age),
+        }
+
+    @classmethod
+    def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
+        settings_dict = super().dedicated_settings(settings_dict, label)
+        options = settings_dict.setdefault("OPTIONS", {})
+        options.pop(
+            "pool", None
+        )  # a lock's connection is never borrowed from, or returned to, a pool
+        # Shown in pg_stat_activity, so that "who holds it" answers with a name.
+        options["application_name"] = label[:63]
+        return settings_dict
 
     def transaction_is_aborted(self) -> bool:
         raw = self.connection.connection

@@ -9,8 +9,10 @@ transaction.
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -81,6 +83,8 @@ class SQLiteBackend(LockBackend):
             return False
         hold = self._holds[db_key] = _Hold(fd)
         self._count(hold, shared, +1)
+        if not shared:
+            _write_holder(fd)
         return True
 
     def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
@@ -94,6 +98,34 @@ class SQLiteBackend(LockBackend):
         elif not hold.exclusive:
             fcntl.flock(hold.fd, fcntl.LOCK_SH)  # exclusive holds are gone: keep it shared
         return True
+
+    def is_held(self, db_key: Any) -> bool:
+        hold = self._holds.get(db_key)
+        if hold is None:
+            return False
+        # Held for as long as the file we lock is the one at the path (not deleted, replaced).
+        try:
+            return os.stat(db_key).st_ino == os.fstat(hold.fd).st_ino
+        except OSError:
+            return False
+
+    def holder(self, db_key: Any) -> dict[str, Any] | None:
+        try:
+            with open(db_key) as lock_file:
+                text = lock_file.read()
+        except OSError:
+            return None
+        fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+        if "pid" not in fields:
+            return None
+        holder: dict[str, Any] = {"pid": int(fields["pid"]), "host": fields.get("host")}
+        if "since" in fields:
+            since = datetime.datetime.fromisoformat(fields["since"])
+            holder["since"] = since
+            holder["held_for"] = (
+                datetime.datetime.now(datetime.timezone.utc) - since
+            ).total_seconds()
+        return holder
 
     def held_count(self) -> int:
         """How many lock files this holder has open (for tests and inspection)."""
@@ -131,3 +163,11 @@ class SQLiteBackend(LockBackend):
                     return False
                 time.sleep(min(interval, left))
                 interval = min(interval * 2, _POLL_MAX)
+
+
+def _write_holder(fd: int) -> None:
+    """Record who holds an exclusive lock in its file, so that a busy instance can say."""
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = f"pid={os.getpid()} host={socket.gethostname()} since={since}\n".encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)

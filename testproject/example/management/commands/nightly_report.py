@@ -3,9 +3,10 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from advisory_lock import advisory_lock
+from advisory_lock import single_instance
 
 
+@single_instance
 class Command(BaseCommand):
     help = "The demo's nightly job: only one instance at a time does the work."
 
@@ -13,12 +14,6 @@ class Command(BaseCommand):
         parser.add_argument("--seconds", type=float, default=2.0, help="How long the work takes.")
 
     def handle(self, *args, **options):
-        with advisory_lock("nightly_report", wait=False) as lock:
-            if not lock:
-                self.stderr.write(
-                    f"pid {os.getpid()}: nightly_report is running elsewhere; skipped."
-                )
-                return
-            self.stdout.write(f"pid {os.getpid()}: took the lock, working...")
-            time.sleep(options["seconds"])
-            self.stdout.write(self.style.SUCCESS(f"pid {os.getpid()}: nightly_report done."))
+        self.stdout.write(f"pid {os.getpid()}: took the lock, working...")
+        time.sleep(options["seconds"])
+        self.stdout.write(self.style.SUCCESS(f"pid {os.getpid()}: nightly_report done."))

@@ -1,0 +1,360 @@
+"""``@single_instance`` and ``SingleInstanceMixin``: a management command runs once at a time.
+
+The lock lives on a connection opened for it alone (never Django's shared connection for the
+alias, never a pooled one), held for the whole run, watched by a heartbeat thread, and closed
+at the end. Django's own connections are left alone: the command's queries run as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+
+from django.apps import apps
+from django.core.management.base import BaseCommand
+from django.core.management.base import CommandError
+from django.core.management.base import OutputWrapper
+from django.db import DEFAULT_DB_ALIAS
+from django.db import DatabaseError
+from django.db import connections
+from django.db.utils import load_backend
+
+from advisory_lock.backends import get_backend
+from advisory_lock.exceptions import LockLost
+from advisory_lock.keys import Key
+from advisory_lock.keys import make_key
+
+logger = logging.getLogger("advisory_lock")
+
+C = TypeVar("C", bound=type[BaseCommand])
+OnLost = str | Callable[[str], Any]
+INTERRUPTED_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class SingleInstanceMixin:
+    """Make a management command single-instance; settings are class attributes.
+
+    Put it before ``BaseCommand`` in the bases. ``@single_instance`` does the same.
+    """
+
+    #: The key: a str, or a callable that receives the parsed options and returns one.
+    #: Default: ``"command:<app_label>.<command name>"``.
+    lock_key: Key | Callable[[dict[str, Any]], Key] | None = None
+    #: Seconds to wait for the lock before skipping (0: skip at once). ``--lock-wait`` overrides.
+    lock_wait: float = 0
+    #: Exit status when the lock is busy and the command skipped.
+    lock_busy_exit_code: int = 0
+    #: Database alias that holds the lock (default: "default").
+    lock_using: str | None = None
+    #: Seconds between two checks that the lock is still held.
+    lock_heartbeat: float = 10
+    #: What a lost lock does: "raise" (LockLost in the main thread), "warn", or a callable.
+    lock_on_lost: OnLost = "raise"
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc]
+        parser.add_argument(
+            "--lock-wait",
+            type=_seconds,
+            metavar="SECONDS",
+            help=(
+                "Wait up to SECONDS for another instance to finish instead of skipping "
+                f"(default: {self.lock_wait:g})."
+            ),
+        )
+        return parser
+
+    def get_lock_key(self, options: dict[str, Any]) -> Key:
+        """The lock's key for this run."""
+        if self.lock_key is None:
+            return f"command:{_command_label(type(self))}"
+        if callable(self.lock_key):
+            return self.lock_key(options)
+        return self.lock_key
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        key = make_key(self.get_lock_key(options))
+        wait = options.get("lock_wait")
+        wait = self.lock_wait if wait is None else wait
+        label = _command_label(type(self))
+        lock = InstanceLock(key, using=self.lock_using, label=label)
+        if not lock.acquire(wait):
+            self._skip(lock, options)
+            return None
+        interrupted: list[int] = []
+        lock.watch(self.lock_heartbeat, self._lost_handler(lock, interrupted))
+        previous = _install_signal_handlers(lock, interrupted)
+        try:
+            return super().execute(*args, **options)  # type: ignore[misc]
+        except LockLost as error:
+            if getattr(self, "_called_from_command_line", False):
+                raise CommandError(str(error), returncode=1) from error
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            if interrupted and not lock.lost:
+                logger.warning(
+                    "%s: interrupted by signal %d; lock released.", label, interrupted[0]
+                )
+            raise
+        finally:
+            _restore_signal_handlers(previous)
+            lock.release()
+
+    def _skip(self, lock: InstanceLock, options: dict[str, Any]) -> None:
+        message = lock.busy_message()
+        OutputWrapper(options.get("stderr") or sys.stderr).write(message)
+        if getattr(self, "_called_from_command_line", False):
+            if self.lock_busy_exit_code:
+                raise SystemExit(self.lock_busy_exit_code)
+            return
+        raise CommandError(message, returncode=self.lock_busy_exit_code)
+
+    def _lost_handler(self, lock: InstanceLock, interrupted: list[int]) -> Callable[[], None]:
+        on_lost = self.lock_on_lost
+        main = threading.get_ident()
+
+        def lost() -> None:
+            message = lock.lost_message()
+            logger.error(message)
+            if on_lost == "warn":
+                return
+            if callable(on_lost):
+                on_lost(message)
+                return
+            _raise_in_thread(main, lock)
+
+        return lost
+
+
+def single_instance(
+    cls: C | None = None,
+    *,
+    key: Key | Callable[[dict[str, Any]], Key] | None = None,
+    wait: float = 0,
+    busy_exit_code: int = 0,
+    using: str | None = None,
+    heartbeat: float = 10,
+    on_lost: OnLost = "raise",
+) -> Any:
+    """Class decorator for a ``BaseCommand``: the same as ``SingleInstanceMixin`` with settings.
+
+    Use bare (``@single_instance``) or with arguments (``@single_instance(wait=30)``).
+    """
+    settings = _checked_settings(key, wait, busy_exit_code, using, heartbeat, on_lost)
+
+    def decorate(command_class: C) -> C:
+        if not (isinstance(command_class, type) and issubclass(command_class, BaseCommand)):
+            raise TypeError(
+                f"@single_instance decorates a BaseCommand subclass, not {command_class!r}."
+            )
+        attributes = {
+            "__module__": command_class.__module__,
+            "__qualname__": command_class.__qualname__,
+            "__doc__": command_class.__doc__,
+            **settings,
+        }
+        return type(command_class.__name__, (SingleInstanceMixin, command_class), attributes)
+
+    return decorate if cls is None else decorate(cls)
+
+
+class InstanceLock:
+    """A session lock on a connection of its own, with a heartbeat that notices its loss."""
+
+    def __init__(self, key: Key, *, using: str | None, label: str) -> None:
+        self.key = make_key(key)
+        self.using = using or DEFAULT_DB_ALIAS
+        self.label = label
+        settings_dict = connections.settings[self.using]
+        backend_class = type(get_backend(connections[self.using]))
+        dedicated = backend_class.dedicated_settings(settings_dict, f"{label} (advisory_lock)")
+        self.connection = load_backend(dedicated["ENGINE"]).DatabaseWrapper(dedicated, self.using)
+        self.backend = get_backend(self.connection)
+        self.db_key = self.backend.db_key(self.key)
+        self.lost = False
+        self.acquired_at: float | None = None
+        self._mutex = threading.Lock()  # the watchdog and the main thread share the connection
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def acquire(self, wait: float) -> bool:
+        started = time.monotonic()
+        with self._mutex:
+            acquired = self.backend.acquire(
+                self.db_key, shared=False, transaction=False, timeout=wait
+            )
+        waited = time.monotonic() - started
+        if acquired:
+            self.acquired_at = time.monotonic()
+            logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
+        else:
+            logger.info(
+                "%s: lock %s busy after %.3fs; skipped.", self.label, self.key.label, waited
+            )
+        return acquired
+
+    def busy_message(self) -> str:
+        try:
+            with self._mutex:
+                holder = self.backend.holder(self.db_key)
+        except DatabaseError:
+            holder = None
+        finally:
+            self.connection.close()
+        held_by = f" by {_describe_holder(holder)}" if holder else ""
+        return (
+            f"{self.label}: skipped, another instance holds lock {self.key.label} on database "
+            f"{self.using!r}{held_by}."
+        )
+
+    def lost_message(self) -> str:
+        return (
+            f"{self.label}: lock {self.key.label} on database {self.using!r} was lost (its "
+            f"connection was closed or killed): another instance may now run. Stopping."
+        )
+
+    def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
+        """Check every ``heartbeat`` seconds (one statement) that the lock is still held."""
+
+        def run() -> None:
+            while not self._stop.wait(heartbeat):
+                try:
+                    with self._mutex:
+                        held = self.backend.is_held(self.db_key)
+                except Exception:
+                    held = False
+                if not held and not self._stop.is_set():
+                    self.lost = True
+                    on_lost()
+                    return
+
+        self._watchdog = threading.Thread(
+            target=run, name=f"advisory_lock:{self.label}", daemon=True
+        )
+        self._watchdog.start()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+        held_for = time.monotonic() - (self.acquired_at or time.monotonic())
+        try:
+            if not self.lost:
+                with self._mutex:
+                    self.backend.release(self.db_key, shared=False)
+                logger.info(
+                    "%s: released lock %s after %.3fs.", self.label, self.key.label, held_for
+                )
+        except DatabaseError:
+            logger.exception("%s: releasing lock %s failed.", self.label, self.key.label)
+        finally:
+            self.connection.close()  # closing drops whatever the connection still holds
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    parts = []
+    for name, field in (("pid", "pid"), ("connection id", "connection_id")):
+        if holder.get(field) is not None:
+            parts.append(f"{name} {holder[field]}")
+    if holder.get("application_name"):
+        parts.append(f"application {holder['application_name']!r}")
+    for field in ("client_addr", "host"):
+        if holder.get(field):
+            parts.append(f"from {holder[field]}")
+    if holder.get("since") is not None:
+        parts.append(f"since {holder['since']:%Y-%m-%d %H:%M:%S%z}")
+    if holder.get("held_for") is not None:
+        parts.append(f"{holder['held_for']:.0f}s ago")
+    return ", ".join(parts)
+
+
+def _command_label(command_class: type) -> str:
+    module = command_class.__module__
+    name = module.rsplit(".", 1)[-1]
+    app_config = apps.get_containing_app_config(module)
+    return f"{app_config.label}.{name}" if app_config else module
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
+    return value
+
+
+def _checked_settings(
+    key: Any, wait: Any, busy_exit_code: Any, using: Any, heartbeat: Any, on_lost: Any
+) -> dict[str, Any]:
+    if key is not None and not callable(key):
+        make_key(key)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf"):
+        raise ValueError(f"wait must be a finite number of seconds >= 0, not {wait!r}.")
+    if isinstance(busy_exit_code, bool) or not isinstance(busy_exit_code, int):
+        raise TypeError(f"busy_exit_code must be an int, not {busy_exit_code!r}.")
+    if not 0 <= busy_exit_code <= 255:
+        raise ValueError(f"busy_exit_code must be 0 to 255, not {busy_exit_code}.")
+    if using is not None and not isinstance(using, str):
+        raise TypeError(f"using must be a database alias (str) or None, not {using!r}.")
+    if (
+        isinstance(heartbeat, bool)
+        or not isinstance(heartbeat, int | float)
+        or not 0 < heartbeat < float("inf")
+    ):
+        raise ValueError(f"heartbeat must be a finite number of seconds > 0, not {heartbeat!r}.")
+    if on_lost not in ("raise", "warn") and not callable(on_lost):
+        raise ValueError(f"on_lost must be 'raise', 'warn' or a callable, not {on_lost!r}.")
+    return {
+        "lock_key": key,
+        "lock_wait": wait,
+        "lock_busy_exit_code": busy_exit_code,
+        "lock_using": using,
+        "lock_heartbeat": heartbeat,
+        "lock_on_lost": on_lost,
+    }
+
+
+# Signals: SIGTERM and SIGINT stop the command through its finally blocks (so the lock is
+# released); a lost lock reaches a main thread blocked in sleep or I/O as a SIGINT too.
+
+
+def _install_signal_handlers(lock: InstanceLock, interrupted: list[int]) -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: Any) -> None:
+        if lock.lost:
+            raise LockLost(lock.lost_message())
+        interrupted.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(INTERRUPTED_EXIT_CODES[signal.Signals(signum)])
+
+    return {signum: signal.signal(signum, handler) for signum in INTERRUPTED_EXIT_CODES}
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _raise_in_thread(thread_id: int, lock: InstanceLock) -> None:
+    """Raise LockLost in the thread running the command."""
+    if thread_id == threading.main_thread().ident:
+        # A signal wakes the main thread from sleep() and socket waits; our handler raises.
+        signal.pthread_kill(thread_id, signal.SIGINT)
+        return
+    # Elsewhere (call_command in a worker thread) it is raised at the thread's next bytecode.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(LockLost)
+    )

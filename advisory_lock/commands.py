@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import inspect
 import logging
 import signal
 import sys
@@ -74,11 +75,13 @@ class SingleInstanceMixin:
 
     def get_lock_key(self, options: dict[str, Any]) -> Key:
         """The lock's key for this run."""
-        if self.lock_key is None:
+        # Read statically: a function stored on the class must not become a bound method.
+        key = inspect.getattr_static(self, "lock_key")
+        if isinstance(key, staticmethod | classmethod):
+            key = key.__get__(self, type(self))
+        if key is None:
             return f"command:{_command_label(type(self))}"
-        if callable(self.lock_key):
-            return self.lock_key(options)
-        return self.lock_key
+        return key(options) if callable(key) else key
 
     def execute(self, *args: Any, **options: Any) -> Any:
         key = make_key(self.get_lock_key(options))

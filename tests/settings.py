@@ -14,7 +14,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from testproject.database_url import parse
-from testproject.settings import INSTALLED_APPS  # noqa: F401
+from testproject.settings import INSTALLED_APPS
 from testproject.settings import MIDDLEWARE  # noqa: F401
 from testproject.settings import ROOT_URLCONF  # noqa: F401
 from testproject.settings import TEMPLATES  # noqa: F401
@@ -31,6 +31,8 @@ RUN_DIR = Path(
         "ADVISORY_LOCK_TEST_DIR", tempfile.mkdtemp(prefix="advisory-lock-tests-")
     )
 )
+# Test database names are per run too, so that two runs on one machine don't collide.
+TEST_DATABASE = "test_advisory_lock_" + RUN_DIR.name.rsplit("-", 1)[-1].lower()
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
@@ -40,11 +42,11 @@ DATABASES = {
         "NAME": str(RUN_DIR / "main.sqlite3"),
         "TEST": {"NAME": str(RUN_DIR / "test.sqlite3")},
     },
-    "postgresql": {**parse(POSTGRES_URL, RUN_DIR), "TEST": {"NAME": "test_advisory_lock"}},
+    "postgresql": {**parse(POSTGRES_URL, RUN_DIR), "TEST": {"NAME": TEST_DATABASE}},
     "mysql": {
         **parse(MYSQL_URL, RUN_DIR),
         "OPTIONS": {"charset": "utf8mb4"},
-        "TEST": {"NAME": "test_advisory_lock", "CHARSET": "utf8mb4"},
+        "TEST": {"NAME": TEST_DATABASE, "CHARSET": "utf8mb4"},
     },
 }
 
@@ -72,9 +74,12 @@ if "ADVISORY_LOCK_TEST_MISSING" not in os.environ:
     os.environ["ADVISORY_LOCK_TEST_MISSING"] = ",".join(missing)
 for alias in os.environ["ADVISORY_LOCK_TEST_MISSING"].split(","):
     DATABASES.pop(alias, None)
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.lockapp"]
 if os.environ.get("ADVISORY_LOCK_TEST_WORKER"):
     for settings_dict in DATABASES.values():
         settings_dict["NAME"] = settings_dict["TEST"]["NAME"]
+    # Workers may run on a server database as their "default" alias.
+    DATABASES["default"] = DATABASES[os.environ.get("ADVISORY_LOCK_TEST_DEFAULT", "default")]
 
 ADVISORY_LOCK = {"NAMESPACE": "tests"}
 LOGGING = {

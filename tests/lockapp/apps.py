@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LockAppConfig(AppConfig):
+    name = "tests.lockapp"
+    label = "lockapp"

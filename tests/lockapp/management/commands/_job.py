@@ -1,0 +1,34 @@
+"""What the test commands do: announce, optionally misbehave, sleep, record that they ran."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from django.db import close_old_connections
+from django.db import connection
+
+
+def add_job_arguments(parser):
+    parser.add_argument("--seconds", type=float, default=0.0)
+    parser.add_argument("--ran", help="File to append this process's pid to when it runs.")
+    parser.add_argument("--tenant", default="acme")
+    parser.add_argument("--close-connections", action="store_true")
+    parser.add_argument("--until", help="Keep working until this file exists (at most 60 s).")
+
+
+def run_job(command, options):
+    print(f"running {os.getpid()}", flush=True)
+    if options["close_connections"]:
+        connection.ensure_connection()
+        close_old_connections()
+        connection.close()
+    if options["ran"]:
+        with Path(options["ran"]).open("a") as ran:
+            ran.write(f"{os.getpid()} {options['tenant']}\n")
+    time.sleep(options["seconds"])
+    deadline = time.monotonic() + 60
+    while options["until"] and not Path(options["until"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    command.stdout.write("finished")
+    sys.stdout.flush()

@@ -1,0 +1,223 @@
+"""@single_instance and SingleInstanceMixin, with real processes on every backend."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+
+from advisory_lock import single_instance
+from advisory_lock.backends import get_backend
+from advisory_lock.keys import make_key
+from tests.commands import finish
+from tests.commands import start
+from tests.commands import wait_for_line
+from tests.probes import in_other_connection
+from tests.probes import is_free
+
+BUSY = 3  # busy_exit_code of the test commands
+KEY = "command:lockapp.decorated_job"
+
+
+def test_eight_instances_started_together_run_exactly_once(using, tmp_path):
+    ran, done = tmp_path / "ran", tmp_path / "done"
+    processes = [
+        start(using, "mixin_job", "--ran", str(ran), "--until", str(done)) for _ in range(8)
+    ]
+    # The instance that runs keeps the lock until the other seven have exited (or 40 s).
+    deadline = time.monotonic() + 40
+    while sum(p.poll() is not None for p in processes) < 7 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done.touch()
+    results = [finish(process) for process in processes]
+    statuses = sorted(status for status, _, _ in results)
+    assert statuses == [0] + [BUSY] * 7, results
+    assert len(ran.read_text().splitlines()) == 1
+    busy_lines = [err for status, _, err in results if status == BUSY]
+    for err in busy_lines:
+        assert "lockapp.mixin_job: skipped, another instance holds lock" in err
+        assert "'command:lockapp.mixin_job'" in err
+    # The holder is named: pid (PostgreSQL, SQLite) or connection id (MySQL/MariaDB).
+    assert all(" by pid " in err or " by connection id " in err for err in busy_lines)
+
+
+def test_default_busy_exit_status_is_zero(using):
+    holder = start(using, "default_job", "--seconds", "5")
+    try:
+        wait_for_line(holder, "running")
+        status, out, err = finish(start(using, "default_job"))
+        assert status == 0
+        assert "running" not in out
+        assert "skipped" in err
+    finally:
+        holder.kill()
+        finish(holder)
+
+
+def test_lock_wait_runs_after_the_holder_finishes_and_a_short_wait_skips(using):
+    holder = start(using, "decorated_job", "--seconds", "1.5")
+    wait_for_line(holder, "running")
+    short = start(using, "decorated_job", "--lock-wait", "0.2")
+    patient = start(using, "decorated_job", "--lock-wait", "20")
+    assert finish(short)[0] == BUSY
+    assert finish(holder)[0] == 0
+    status, out, _ = finish(patient)
+    assert status == 0 and "finished" in out
+
+
+def test_lock_wait_rejects_bad_values(using):
+    for bad in ("-1", "soon", "inf", "nan"):
+        status, _, err = finish(start(using, "decorated_job", "--lock-wait", bad))
+        assert status == 2, err  # argparse's usage error
+        assert "--lock-wait" in err
+
+
+def test_django_admin_behaves_like_manage_py(using):
+    django_admin = [str(Path(sys.executable).parent / "django-admin")]
+    holder = start(using, "decorated_job", "--seconds", "5")
+    try:
+        wait_for_line(holder, "running")
+        second = start(using, "decorated_job", "--pythonpath", ".", program=django_admin)
+        status, _, err = finish(second)
+        assert status == BUSY and "skipped" in err
+    finally:
+        holder.kill()
+        finish(holder)
+
+
+@pytest.fixture
+def lock_on(using, monkeypatch):
+    """Make the test commands lock on ``using`` when run in this process by call_command."""
+    from tests.lockapp.management.commands import decorated_job
+    from tests.lockapp.management.commands import mixin_job
+
+    for module in (decorated_job, mixin_job):
+        monkeypatch.setattr(module.Command, "lock_using", using)
+    return using
+
+
+def test_call_command_raises_command_error_with_the_busy_status(lock_on):
+    holder = start(lock_on, "decorated_job", "--seconds", "5")
+    try:
+        wait_for_line(holder, "running")
+        with pytest.raises(CommandError, match="skipped") as excinfo:
+            call_command("decorated_job")
+        assert excinfo.value.returncode == BUSY
+    finally:
+        holder.kill()
+        finish(holder)
+
+
+def test_call_command_runs_when_free_and_releases(lock_on, capsys):
+    call_command("mixin_job", lock_wait=1)
+    assert "finished" in capsys.readouterr().out
+    assert is_free("command:lockapp.mixin_job", lock_on)
+
+
+def test_decorator_and_mixin_add_the_same_option_and_settings():
+    from tests.lockapp.management.commands import decorated_job
+    from tests.lockapp.management.commands import mixin_job
+
+    decorated, mixin = decorated_job.Command(), mixin_job.Command()
+    for command in (decorated, mixin):
+        parser = command.create_parser("manage.py", "job")
+        assert "--lock-wait" in parser.format_help()
+        assert command.lock_busy_exit_code == BUSY
+        assert command.lock_heartbeat == 0.5
+    assert decorated_job.Command.__name__ == "Command"
+    assert decorated_job.Command.__module__ == decorated_job.__name__
+
+
+def test_two_tenants_run_in_parallel_and_one_tenant_does_not(using, tmp_path):
+    ran = tmp_path / "ran"
+    args = ("--seconds", "2", "--ran", str(ran))
+    acme = start(using, "tenant_job", "--tenant", "acme", *args)
+    wait_for_line(acme, "running")
+    globex = start(using, "tenant_job", "--tenant", "globex", *args)
+    acme_again = start(using, "tenant_job", "--tenant", "acme", *args)
+    assert finish(acme_again)[0] == BUSY
+    assert finish(globex)[0] == 0
+    assert finish(acme)[0] == 0
+    assert sorted(line.split()[1] for line in ran.read_text().splitlines()) == ["acme", "globex"]
+
+
+def test_sigkill_of_the_holder_frees_the_lock_within_a_second(using):
+    holder = start(using, "decorated_job", "--seconds", "30")
+    wait_for_line(holder, "running")
+    holder.kill()
+    killed_at = time.monotonic()
+    holder.wait()
+    while not is_free(KEY, using):
+        assert time.monotonic() - killed_at < 1.0, "the lock outlived its holder by 1s"
+        time.sleep(0.02)
+    status, out, _ = finish(start(using, "decorated_job"))
+    assert status == 0 and "finished" in out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_sigterm_and_sigint_release_the_lock_and_exit_interrupted(using, signum):
+    holder = start(using, "decorated_job", "--seconds", "30")
+    wait_for_line(holder, "running")
+    holder.send_signal(signum)
+    status, _, err = finish(holder)
+    assert status == {signal.SIGTERM: 143, signal.SIGINT: -signal.SIGINT}[signum], err
+    assert "interrupted by signal" in err
+    assert is_free(KEY, using)
+
+
+def test_closing_django_connections_mid_run_keeps_the_lock(using):
+    holder = start(using, "decorated_job", "--seconds", "3", "--close-connections")
+    try:
+        wait_for_line(holder, "running")
+        time.sleep(0.3)  # the command has closed its Django connections by now
+        status, _, err = finish(start(using, "decorated_job"))
+        assert status == BUSY and "skipped" in err
+    finally:
+        assert finish(holder)[0] == 0
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_killed_holder_connection_raises_lock_lost_within_heartbeat(using):
+    holder = start(using, "decorated_job", "--seconds", "30")
+    wait_for_line(holder, "running")
+    backend = get_backend(connections[using])
+    info = backend.holder(backend.db_key(make_key(KEY)))
+    target = info.get("pid") or info["connection_id"]
+
+    from tests.servers import kill_connection_of
+
+    kill_connection_of(using, target)
+    killed_at = time.monotonic()
+    status, _, err = finish(holder)
+    noticed_after = time.monotonic() - killed_at
+    assert status == 1, err
+    assert "was lost" in err
+    assert noticed_after < 0.5 + 1.0  # heartbeat + 1 s
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_on_lost_callable_is_called_in_place_of_raising(using):
+    calls = []
+    from django.core.management.base import BaseCommand
+
+    @single_instance(heartbeat=0.2, on_lost=calls.append, using=using)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            from tests.servers import kill_connection_of
+
+            backend = get_backend(connections[using])
+            info = backend.holder(backend.db_key(make_key("command:tests.test_commands")))
+            in_other_connection(
+                kill_connection_of, using, info.get("pid") or info["connection_id"]
+            )
+            time.sleep(1.0)
+
+    Command.__module__ = "tests.test_commands"
+    Command().execute(stdout=None, stderr=None, skip_checks=True, no_color=True, force_color=False)
+    assert len(calls) == 1 and "was lost" in calls[0]

@@ -14,7 +14,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
@@ -23,15 +22,11 @@ from django.apps import apps
 from django.core.management.base import BaseCommand
 from django.core.management.base import CommandError
 from django.core.management.base import OutputWrapper
-from django.db import DEFAULT_DB_ALIAS
-from django.db import DatabaseError
-from django.db import connections
-from django.db.utils import load_backend
 
-from advisory_lock.backends import get_backend
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
+from advisory_lock.locks import DedicatedLock
 
 logger = logging.getLogger("advisory_lock")
 
@@ -88,7 +83,7 @@ class SingleInstanceMixin:
         wait = options.get("lock_wait")
         wait = self.lock_wait if wait is None else wait
         label = _command_label(type(self))
-        lock = InstanceLock(key, using=self.lock_using, label=label)
+        lock = DedicatedLock(key, using=self.lock_using, label=label)
         if not lock.acquire(wait):
             self._skip(lock, options)
             return None
@@ -111,7 +106,7 @@ class SingleInstanceMixin:
             _restore_signal_handlers(previous)
             lock.release()
 
-    def _skip(self, lock: InstanceLock, options: dict[str, Any]) -> None:
+    def _skip(self, lock: DedicatedLock, options: dict[str, Any]) -> None:
         message = lock.busy_message()
         OutputWrapper(options.get("stderr") or sys.stderr).write(message)
         if getattr(self, "_called_from_command_line", False):
@@ -120,7 +115,7 @@ class SingleInstanceMixin:
             return
         raise CommandError(message, returncode=self.lock_busy_exit_code)
 
-    def _lost_handler(self, lock: InstanceLock, interrupted: list[int]) -> Callable[[], None]:
+    def _lost_handler(self, lock: DedicatedLock, interrupted: list[int]) -> Callable[[], None]:
         on_lost = self.lock_on_lost
         main = threading.get_ident()
 
@@ -167,116 +162,6 @@ def single_instance(
         return type(command_class.__name__, (SingleInstanceMixin, command_class), attributes)
 
     return decorate if cls is None else decorate(cls)
-
-
-class InstanceLock:
-    """A session lock on a connection of its own, with a heartbeat that notices its loss."""
-
-    def __init__(self, key: Key, *, using: str | None, label: str) -> None:
-        self.key = make_key(key)
-        self.using = using or DEFAULT_DB_ALIAS
-        self.label = label
-        settings_dict = connections.settings[self.using]
-        backend_class = type(get_backend(connections[self.using]))
-        dedicated = backend_class.dedicated_settings(settings_dict, f"{label} (advisory_lock)")
-        self.connection = load_backend(dedicated["ENGINE"]).DatabaseWrapper(dedicated, self.using)
-        self.backend = get_backend(self.connection)
-        self.db_key = self.backend.db_key(self.key)
-        self.lost = False
-        self.acquired_at: float | None = None
-        self._mutex = threading.Lock()  # the watchdog and the main thread share the connection
-        self._stop = threading.Event()
-        self._watchdog: threading.Thread | None = None
-
-    def acquire(self, wait: float) -> bool:
-        started = time.monotonic()
-        with self._mutex:
-            acquired = self.backend.acquire(
-                self.db_key, shared=False, transaction=False, timeout=wait
-            )
-        waited = time.monotonic() - started
-        if acquired:
-            self.acquired_at = time.monotonic()
-            logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
-        else:
-            logger.info(
-                "%s: lock %s busy after %.3fs; skipped.", self.label, self.key.label, waited
-            )
-        return acquired
-
-    def busy_message(self) -> str:
-        try:
-            with self._mutex:
-                holder = self.backend.holder(self.db_key)
-        except DatabaseError:
-            holder = None
-        finally:
-            self.connection.close()
-        held_by = f" by {_describe_holder(holder)}" if holder else ""
-        return (
-            f"{self.label}: skipped, another instance holds lock {self.key.label} on database "
-            f"{self.using!r}{held_by}."
-        )
-
-    def lost_message(self) -> str:
-        return (
-            f"{self.label}: lock {self.key.label} on database {self.using!r} was lost (its "
-            f"connection was closed or killed): another instance may now run. Stopping."
-        )
-
-    def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
-        """Check every ``heartbeat`` seconds (one statement) that the lock is still held."""
-
-        def run() -> None:
-            while not self._stop.wait(heartbeat):
-                try:
-                    with self._mutex:
-                        held = self.backend.is_held(self.db_key)
-                except Exception:
-                    held = False
-                if not held and not self._stop.is_set():
-                    self.lost = True
-                    on_lost()
-                    return
-
-        self._watchdog = threading.Thread(
-            target=run, name=f"advisory_lock:{self.label}", daemon=True
-        )
-        self._watchdog.start()
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._watchdog is not None:
-            self._watchdog.join()
-        held_for = time.monotonic() - (self.acquired_at or time.monotonic())
-        try:
-            if not self.lost:
-                with self._mutex:
-                    self.backend.release(self.db_key, shared=False)
-                logger.info(
-                    "%s: released lock %s after %.3fs.", self.label, self.key.label, held_for
-                )
-        except DatabaseError:
-            logger.exception("%s: releasing lock %s failed.", self.label, self.key.label)
-        finally:
-            self.connection.close()  # closing drops whatever the connection still holds
-
-
-def _describe_holder(holder: dict[str, Any]) -> str:
-    parts = []
-    for name, field in (("pid", "pid"), ("connection id", "connection_id")):
-        if holder.get(field) is not None:
-            parts.append(f"{name} {holder[field]}")
-    if holder.get("application_name"):
-        parts.append(f"application {holder['application_name']!r}")
-    for field in ("client_addr", "host"):
-        if holder.get(field):
-            parts.append(f"from {holder[field]}")
-    if holder.get("since") is not None:
-        parts.append(f"since {holder['since']:%Y-%m-%d %H:%M:%S%z}")
-    if holder.get("held_for") is not None:
-        parts.append(f"{holder['held_for']:.0f}s ago")
-    return ", ".join(parts)
 
 
 def _command_label(command_class: type) -> str:
@@ -331,7 +216,7 @@ def _checked_settings(
 # released); a lost lock reaches a main thread blocked in sleep or I/O as a SIGINT too.
 
 
-def _install_signal_handlers(lock: InstanceLock, interrupted: list[int]) -> dict[int, Any]:
+def _install_signal_handlers(lock: DedicatedLock, interrupted: list[int]) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
 
@@ -351,7 +236,7 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _raise_in_thread(thread_id: int, lock: InstanceLock) -> None:
+def _raise_in_thread(thread_id: int, lock: DedicatedLock) -> None:
     """Raise LockLost in the thread running the command."""
     if thread_id == threading.main_thread().ident:
         # A signal wakes the main thread from sleep() and socket waits; our handler raises.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from django.db import DatabaseError
 from django.db import connections
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
+from django.db.utils import load_backend
 
 from advisory_lock.backends import get_backend
 from advisory_lock.backends.base import LockBackend
@@ -288,3 +290,117 @@ def _release_at_transaction_end(
             connection.close()
 
     transaction.on_commit(_ReleaseAtTransactionEnd(release), using=handle.using, robust=True)
+
+
+class DedicatedLock:
+    """A session lock on a connection opened for it alone, with a watchdog for its loss.
+
+    Used by single-instance commands and the ledger: nothing the caller does to Django's
+    connections (closing them, pooling them) can drop or leak it.
+    """
+
+    def __init__(self, key: Key, *, using: str | None, label: str) -> None:
+        self.key = make_key(key)
+        self.using = using or DEFAULT_DB_ALIAS
+        self.label = label
+        settings_dict = connections.settings[self.using]
+        backend_class = type(get_backend(connections[self.using]))
+        dedicated = backend_class.dedicated_settings(settings_dict, f"{label} (advisory_lock)")
+        self.connection = load_backend(dedicated["ENGINE"]).DatabaseWrapper(dedicated, self.using)
+        self.backend = get_backend(self.connection)
+        self.db_key = self.backend.db_key(self.key)
+        self.lost = False
+        self.acquired_at: float | None = None
+        self._mutex = threading.Lock()  # the watchdog and the main thread share the connection
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def acquire(self, wait: float) -> bool:
+        started = time.monotonic()
+        with self._mutex:
+            acquired = self.backend.acquire(
+                self.db_key, shared=False, transaction=False, timeout=wait
+            )
+        waited = time.monotonic() - started
+        if acquired:
+            self.acquired_at = time.monotonic()
+            logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
+        else:
+            logger.info(
+                "%s: lock %s busy after %.3fs; skipped.", self.label, self.key.label, waited
+            )
+        return acquired
+
+    def busy_message(self) -> str:
+        try:
+            with self._mutex:
+                holder = self.backend.holder(self.db_key)
+        except DatabaseError:
+            holder = None
+        finally:
+            self.connection.close()
+        held_by = f" by {_describe_holder(holder)}" if holder else ""
+        return (
+            f"{self.label}: skipped, another instance holds lock {self.key.label} on database "
+            f"{self.using!r}{held_by}."
+        )
+
+    def lost_message(self) -> str:
+        return (
+            f"{self.label}: lock {self.key.label} on database {self.using!r} was lost (its "
+            f"connection was closed or killed): another instance may now run. Stopping."
+        )
+
+    def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
+        """Check every ``heartbeat`` seconds (one statement) that the lock is still held."""
+
+        def run() -> None:
+            while not self._stop.wait(heartbeat):
+                try:
+                    with self._mutex:
+                        held = self.backend.is_held(self.db_key)
+                except Exception:
+                    held = False
+                if not held and not self._stop.is_set():
+                    self.lost = True
+                    on_lost()
+                    return
+
+        self._watchdog = threading.Thread(
+            target=run, name=f"advisory_lock:{self.label}", daemon=True
+        )
+        self._watchdog.start()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+        held_for = time.monotonic() - (self.acquired_at or time.monotonic())
+        try:
+            if not self.lost:
+                with self._mutex:
+                    self.backend.release(self.db_key, shared=False)
+                logger.info(
+                    "%s: released lock %s after %.3fs.", self.label, self.key.label, held_for
+                )
+        except DatabaseError:
+            logger.exception("%s: releasing lock %s failed.", self.label, self.key.label)
+        finally:
+            self.connection.close()  # closing drops whatever the connection still holds
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    parts = []
+    for label, name in (("pid", "pid"), ("connection id", "connection_id")):
+        if holder.get(name) is not None:
+            parts.append(f"{label} {holder[name]}")
+    if holder.get("application_name"):
+        parts.append(f"application {holder['application_name']!r}")
+    for name in ("client_addr", "host"):
+        if holder.get(name):
+            parts.append(f"from {holder[name]}")
+    if holder.get("since") is not None:
+        parts.append(f"since {holder['since']:%Y-%m-%d %H:%M:%S%z}")
+    if holder.get("held_for") is not None:
+        parts.append(f"{holder['held_for']:.0f}s ago")
+    return ", ".join(parts)

@@ -5,12 +5,20 @@ DJANGO ?= Django>=5.2,<6
 export PYTHON VENV DJANGO
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench lint setup clean
+.PHONY: demo test bench serve setup clean
 
 ## Run the demo: 4 instances of a locked command start at once; exactly one does the work.
 demo:
 	scripts/setup.sh
 	DJANGO_SETTINGS_MODULE=testproject.settings $(PY) -m testproject.demo
+
+## Serve the demo's admin at http://127.0.0.1:8000/admin/ (login admin / admin).
+serve:
+	scripts/setup.sh
+	$(PY) manage.py migrate --verbosity 0
+	DJANGO_SUPERUSER_PASSWORD=admin $(PY) manage.py createsuperuser --noinput \
+		--username admin --email admin@example.com >/dev/null 2>&1 || true
+	DJANGO_DEBUG=1 $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Run the whole test suite against SQLite, PostgreSQL and MariaDB (starts them if needed).
 test:

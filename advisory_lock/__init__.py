@@ -10,14 +10,28 @@ from advisory_lock.locks import AdvisoryLock
 from advisory_lock.locks import LockHandle
 from advisory_lock.locks import advisory_lock
 
+# The ledger needs Django's app registry: import it on first use, not with the package.
+_LAZY = {"JobRun": "advisory_lock.models", "run_once": "advisory_lock.ledger"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'advisory_lock' has no attribute {name!r}")
+
+
 __all__ = [
     "AdvisoryLock",
     "AdvisoryLockError",
+    "JobRun",
     "LockHandle",
     "LockLost",
     "LockNotAcquired",
     "NotSupportedError",
     "SingleInstanceMixin",
     "advisory_lock",
+    "run_once",
     "single_instance",
 ]

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
@@ -27,6 +28,8 @@ from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
 from advisory_lock.locks import DedicatedLock
+from advisory_lock.periods import Period
+from advisory_lock.periods import check_period
 
 logger = logging.getLogger("advisory_lock")
 
@@ -54,6 +57,9 @@ class SingleInstanceMixin:
     lock_heartbeat: float = 10
     #: What a lost lock does: "raise" (LockLost in the main thread), "warn", or a callable.
     lock_on_lost: OnLost = "raise"
+    #: A ledger period ("hourly", "daily", ... or a callable): at most one successful run per
+    #: slot, recorded in ``job_runs`` under the command's name. None: no ledger.
+    lock_ledger: Period | None = None
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
         parser = super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc]
@@ -85,18 +91,30 @@ class SingleInstanceMixin:
         label = _command_label(type(self))
         lock = DedicatedLock(key, using=self.lock_using, label=label)
         if not lock.acquire(wait):
-            self._skip(lock, options)
-            return None
+            return self._skip(lock.busy_message(), options)
+        # The ledger's models can't be imported with the app package (apps not ready then).
+        from advisory_lock.ledger import claim_with_lock
+        from advisory_lock.ledger import describe_taken
+        from advisory_lock.models import JobRun
+
         interrupted: list[int] = []
-        lock.watch(self.lock_heartbeat, self._lost_handler(lock, interrupted))
-        previous = _install_signal_handlers(lock, interrupted)
+        previous: dict[int, Any] = {}
+        run = None
+        error = ""
         try:
+            if self.lock_ledger is not None:
+                run, taken = claim_with_lock(
+                    label, self.lock_ledger, lock, using=lock.using, retry_failed=True
+                )
+                if run is None:
+                    return self._skip(f"{label}: skipped, {describe_taken(taken)}.", options)
+            lock.watch(self.lock_heartbeat, self._lost_handler(lock))
+            previous = _install_signal_handlers(lock, interrupted)
             return super().execute(*args, **options)  # type: ignore[misc]
-        except LockLost as error:
-            if getattr(self, "_called_from_command_line", False):
-                raise CommandError(str(error), returncode=1) from error
-            raise
-        except (KeyboardInterrupt, SystemExit):
+        except BaseException as exc:
+            error = traceback.format_exc()
+            if isinstance(exc, LockLost) and getattr(self, "_called_from_command_line", False):
+                raise CommandError(str(exc), returncode=1) from exc
             if interrupted and not lock.lost:
                 logger.warning(
                     "%s: interrupted by signal %d; lock released.", label, interrupted[0]
@@ -104,10 +122,14 @@ class SingleInstanceMixin:
             raise
         finally:
             _restore_signal_handlers(previous)
-            lock.release()
+            try:
+                if run is not None:
+                    JobRun.objects.using(lock.using).finish(run, error=error)
+            finally:
+                lock.release()
 
-    def _skip(self, lock: DedicatedLock, options: dict[str, Any]) -> None:
-        message = lock.busy_message()
+    def _skip(self, message: str, options: dict[str, Any]) -> None:
+        """Say why the command did not run, then exit with the busy status."""
         OutputWrapper(options.get("stderr") or sys.stderr).write(message)
         if getattr(self, "_called_from_command_line", False):
             if self.lock_busy_exit_code:
@@ -115,7 +137,7 @@ class SingleInstanceMixin:
             return
         raise CommandError(message, returncode=self.lock_busy_exit_code)
 
-    def _lost_handler(self, lock: DedicatedLock, interrupted: list[int]) -> Callable[[], None]:
+    def _lost_handler(self, lock: DedicatedLock) -> Callable[[], None]:
         on_lost = self.lock_on_lost
         main = threading.get_ident()
 
@@ -141,12 +163,13 @@ def single_instance(
     using: str | None = None,
     heartbeat: float = 10,
     on_lost: OnLost = "raise",
+    ledger: Period | None = None,
 ) -> Any:
     """Class decorator for a ``BaseCommand``: the same as ``SingleInstanceMixin`` with settings.
 
     Use bare (``@single_instance``) or with arguments (``@single_instance(wait=30)``).
     """
-    settings = _checked_settings(key, wait, busy_exit_code, using, heartbeat, on_lost)
+    settings = _checked_settings(key, wait, busy_exit_code, using, heartbeat, on_lost, ledger)
 
     def decorate(command_class: C) -> C:
         if not (isinstance(command_class, type) and issubclass(command_class, BaseCommand)):
@@ -182,7 +205,7 @@ def _seconds(text: str) -> float:
 
 
 def _checked_settings(
-    key: Any, wait: Any, busy_exit_code: Any, using: Any, heartbeat: Any, on_lost: Any
+    key: Any, wait: Any, busy_exit_code: Any, using: Any, heartbeat: Any, on_lost: Any, ledger: Any
 ) -> dict[str, Any]:
     if key is not None and not callable(key):
         make_key(key)
@@ -209,6 +232,7 @@ def _checked_settings(
         "lock_using": using,
         "lock_heartbeat": heartbeat,
         "lock_on_lost": on_lost,
+        "lock_ledger": None if ledger is None else check_period(ledger),
     }
 
 

@@ -11,6 +11,8 @@ DEFAULTS: dict[str, Any] = {
     "NAMESPACE": "django",
     # Folder for SQLite's lock files; None means "<database file>.locks" beside it.
     "LOCK_DIR": None,
+    # Time zone of the ledger's periods (daily, hourly...); None means settings.TIME_ZONE.
+    "LEDGER_TIME_ZONE": None,
 }
 
 

@@ -345,6 +345,10 @@ class DedicatedLock:
             f"{self.using!r}{held_by}."
         )
 
+    def close(self) -> None:
+        """Close the lock's connection (after a failed acquire)."""
+        self.connection.close()
+
     def lost_message(self) -> str:
         return (
             f"{self.label}: lock {self.key.label} on database {self.using!r} was lost (its "

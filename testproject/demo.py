@@ -1,6 +1,8 @@
-"""The demo: start 4 instances of ``manage.py nightly_report`` at once; exactly one works.
+"""The demo: 4 instances of ``manage.py nightly_report`` start at once, twice.
 
-Runs on the SQLite file by default; set DATABASE_URL to use PostgreSQL or MariaDB.
+Round 1: the lock lets exactly one of them work. Round 2: the ledger (``job_runs``) refuses
+today's slot, which is done, to all four. Runs on the SQLite file by default; set
+DATABASE_URL to use PostgreSQL or MariaDB.
 """
 
 from __future__ import annotations
@@ -12,16 +14,15 @@ from pathlib import Path
 
 INSTANCES = 4
 ROOT = Path(__file__).resolve().parent.parent
+MANAGE = [sys.executable, str(ROOT / "manage.py")]
 
 
-def main() -> int:
-    manage = [sys.executable, str(ROOT / "manage.py")]
+def start_instances() -> int:
+    """Start the instances together; print what each did; return how many did the work."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run([*manage, "migrate", "--verbosity", "0"], check=True, cwd=ROOT, env=env)
-    print(f"Starting {INSTANCES} instances of `manage.py nightly_report` at the same moment...")
     processes = [
         subprocess.Popen(
-            [*manage, "nightly_report", "--seconds", "3"],
+            [*MANAGE, "nightly_report", "--seconds", "3"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -30,16 +31,39 @@ def main() -> int:
         )
         for _ in range(INSTANCES)
     ]
-    outputs = [process.communicate()[0] for process in processes]
     ran = 0
-    for number, (process, output) in enumerate(zip(processes, outputs, strict=True), 1):
-        worked = "done" in output
+    for number, process in enumerate(processes, 1):
+        output = process.communicate()[0]
+        worked = "took the lock" in output
         ran += worked
         verdict = "RAN" if worked else "skipped"
-        print(f"\n--- instance {number} (exit {process.returncode}): {verdict}")
+        print(f"--- instance {number} (exit {process.returncode}): {verdict}")
         print(output.rstrip())
-    print(f"\n{ran} of {INSTANCES} instances did the work.")
-    return 0 if ran == 1 else 1
+    return ran
+
+
+def main() -> int:
+    subprocess.run([*MANAGE, "migrate", "--verbosity", "0"], check=True, cwd=ROOT)
+    import django
+
+    django.setup()
+    from advisory_lock.models import JobRun
+
+    JobRun.objects.filter(job_name="example.nightly_report").delete()  # a fresh demo
+
+    print(f"Round 1: {INSTANCES} instances of `manage.py nightly_report` start at once.\n")
+    first = start_instances()
+    print(f"\n=> {first} of {INSTANCES} did the work (the lock).\n")
+    print(f"Round 2: {INSTANCES} more instances, after the first finished.\n")
+    second = start_instances()
+    print(f"\n=> {second} of {INSTANCES} did the work (the ledger: today's slot is done).\n")
+    print("The job_runs ledger (`manage.py job_runs`):\n")
+    subprocess.run([*MANAGE, "job_runs"], check=True, cwd=ROOT)
+    print(
+        "\nSee it in the admin: `make serve`, then http://127.0.0.1:8000/admin/advisory_lock/jobrun/"
+        "\n(login admin / admin)."
+    )
+    return 0 if (first, second) == (1, 0) else 1
 
 
 if __name__ == "__main__":

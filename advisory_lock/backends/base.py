@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import time
 from typing import Any
 from typing import ClassVar
@@ -67,6 +68,10 @@ class LockBackend:
     def holder(self, db_key: Any) -> dict[str, Any] | None:
         """Who holds the lock, as far as the database can tell (None if nobody or unknown)."""
         return None
+
+    def database_now(self) -> datetime.datetime:
+        """The database server's clock (aware, UTC), so that skewed app hosts agree."""
+        raise NotImplementedError
 
     @classmethod
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ connection. There are no shared named locks and no transaction-level ones.
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from typing import Any
@@ -73,6 +74,11 @@ class MySQLBackend(LockBackend):
         with self.connection.wrap_database_errors:
             (held,) = self.run("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (db_key,))
         return held == 1
+
+    def database_now(self) -> datetime.datetime:
+        with self.connection.wrap_database_errors:
+            (now,) = self.run("SELECT UTC_TIMESTAMP(6)", ())
+        return now.replace(tzinfo=datetime.timezone.utc)
 
     def holder(self, db_key: Any) -> dict[str, Any] | None:
         with self.connection.wrap_database_errors:

@@ -7,6 +7,7 @@ ROLLBACK TO SAVEPOINT of the savepoint they were taken in.
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import Any
 
@@ -149,6 +150,12 @@ class PostgreSQLBackend(LockBackend):
     def is_held(self, db_key: Any) -> bool:
         with self.connection.wrap_database_errors:
             return self.run(_IS_HELD_SQL, lock_row_ids(db_key))[0]
+
+    def database_now(self) -> datetime.datetime:
+        with self.connection.wrap_database_errors:
+            return self.run("SELECT statement_timestamp()", ())[0].astimezone(
+                datetime.timezone.utc
+            )
 
     def holder(self, db_key: Any) -> dict[str, Any] | None:
         with self.connection.wrap_database_errors:

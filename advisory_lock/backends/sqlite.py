@@ -109,6 +109,10 @@ class SQLiteBackend(LockBackend):
         except OSError:
             return False
 
+    def database_now(self) -> datetime.datetime:
+        # SQLite is a file on this host: its clock is this host's.
+        return datetime.datetime.now(datetime.timezone.utc)
+
     def holder(self, db_key: Any) -> dict[str, Any] | None:
         try:
             with open(db_key) as lock_file:

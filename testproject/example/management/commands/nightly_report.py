@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 from advisory_lock import single_instance
 
 
-@single_instance
+@single_instance(ledger="daily")
 class Command(BaseCommand):
     help = "The demo's nightly job: only one instance at a time does the work."
 

@@ -1,0 +1,97 @@
+"""``manage.py job_runs``: list recent runs, mark abandoned ones, prune old ones."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.core.management.base import CommandError
+from django.db import DEFAULT_DB_ALIAS
+
+from advisory_lock.models import JobRun
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise CommandError(f"{text!r} is not a whole number.") from None
+    if value < 1:
+        raise CommandError(f"{text!r} must be at least 1.")
+    return value
+
+
+class Command(BaseCommand):
+    help = "List recent job runs from the job_runs ledger; mark abandoned runs; prune old ones."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--job", help="Only this job name.")
+        parser.add_argument(
+            "--status", choices=JobRun.Status.values, help="Only runs with this status."
+        )
+        parser.add_argument("--limit", type=_positive_int, default=20, help="Rows (default 20).")
+        parser.add_argument(
+            "--mark-abandoned",
+            action="store_true",
+            help="Mark running rows whose owner's lock is free as abandoned.",
+        )
+        parser.add_argument(
+            "--prune", action="store_true", help="Delete finished runs (needs --older-than)."
+        )
+        parser.add_argument(
+            "--older-than", type=_positive_int, metavar="DAYS", help="With --prune: age in days."
+        )
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        runs = JobRun.objects.using(options["database"])
+        if options["older_than"] is not None and not options["prune"]:
+            raise CommandError("--older-than goes with --prune.")
+        if options["prune"]:
+            if options["older_than"] is None:
+                raise CommandError("--prune needs --older-than DAYS.")
+            cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+                days=options["older_than"]
+            )
+            finished = runs.exclude(status=JobRun.Status.RUNNING).filter(started_at__lt=cutoff)
+            deleted, _ = finished.delete()
+            self.stdout.write(
+                f"Pruned {deleted} finished run(s) older than {options['older_than']} days."
+            )
+            return
+        if options["mark_abandoned"]:
+            marked = runs.mark_abandoned()
+            self.stdout.write(f"Marked {marked} run(s) abandoned.")
+            return
+        if options["job"]:
+            runs = runs.filter(job_name=options["job"])
+        if options["status"]:
+            runs = runs.filter(status=options["status"])
+        rows = [
+            (
+                run.job_name,
+                run.period,
+                run.status,
+                f"{run.started_at:%Y-%m-%d %H:%M:%S}",
+                _duration(run.duration),
+                run.host,
+                str(run.pid or ""),
+                str(run.attempt),
+            )
+            for run in runs.order_by("-started_at")[: options["limit"]]
+        ]
+        header = ("job", "period", "status", "started (UTC)", "duration", "host", "pid", "try")
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            self.stdout.write(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
+                ).rstrip()
+            )
+        if not rows:
+            self.stdout.write("(no runs)")
+
+
+def _duration(duration: datetime.timedelta | None) -> str:
+    return "" if duration is None else f"{duration.total_seconds():.1f}s"

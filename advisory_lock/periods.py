@@ -1,0 +1,80 @@
+"""Ledger periods: which slot a run belongs to, computed from the database server's clock."""
+
+from __future__ import annotations
+
+import datetime
+import zoneinfo
+from collections.abc import Callable
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from advisory_lock.conf import get_setting
+
+Period = str | Callable[[datetime.datetime], str]
+PERIODS = ("once", "hourly", "daily", "weekly", "monthly")
+MAX_PERIOD_LENGTH = 64
+MAX_JOB_NAME_LENGTH = 200
+
+
+def check_job_name(job_name: object) -> str:
+    """Return ``job_name`` if it is a usable job name; raise TypeError or ValueError."""
+    if not isinstance(job_name, str):
+        raise TypeError(f"job_name must be a str, not {type(job_name).__name__} ({job_name!r}).")
+    if not job_name.strip():
+        raise ValueError("job_name must be a non-blank string.")
+    if len(job_name) > MAX_JOB_NAME_LENGTH:
+        raise ValueError(
+            f"job_name {job_name[:40]!r}... is {len(job_name)} characters long; the ledger's "
+            f"column holds {MAX_JOB_NAME_LENGTH}."
+        )
+    return job_name
+
+
+def check_period(period: object) -> Period:
+    """Return ``period`` if it is a known period name or a callable; else raise."""
+    if callable(period):
+        return period
+    if not isinstance(period, str):
+        raise TypeError(f"period must be one of {PERIODS} or a callable, not {period!r}.")
+    if period not in PERIODS:
+        raise ValueError(f"Unknown period {period!r}: use one of {PERIODS}, or a callable.")
+    return period
+
+
+def ledger_time_zone() -> zoneinfo.ZoneInfo:
+    """``ADVISORY_LOCK["LEDGER_TIME_ZONE"]``, else ``TIME_ZONE``, else UTC."""
+    name = get_setting("LEDGER_TIME_ZONE") or settings.TIME_ZONE or "UTC"
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ImproperlyConfigured(
+            f"ADVISORY_LOCK['LEDGER_TIME_ZONE'] / TIME_ZONE {name!r} is not a known time zone."
+        ) from None
+
+
+def slot(period: Period, now: datetime.datetime) -> str:
+    """The slot of ``now`` (aware) for ``period``, in the ledger's time zone.
+
+    Hourly slots name the local hour; the hour that repeats when DST ends gets its UTC
+    offset appended the second time (e.g. ``2026-11-01T01-0500``), so it is a slot of its own.
+    """
+    local = now.astimezone(ledger_time_zone())
+    if callable(period):
+        value = period(local)
+        if not isinstance(value, str) or not value.strip() or len(value) > MAX_PERIOD_LENGTH:
+            raise ValueError(
+                f"The period callable {period!r} must return a non-blank str of at most "
+                f"{MAX_PERIOD_LENGTH} characters; it returned {value!r}."
+            )
+        return value
+    if period == "once":
+        return "once"
+    if period == "hourly":
+        return f"{local:%Y-%m-%dT%H}" + (f"{local:%z}" if local.fold else "")
+    if period == "daily":
+        return f"{local:%Y-%m-%d}"
+    if period == "weekly":
+        year, week, _ = local.isocalendar()
+        return f"{year}-W{week:02d}"
+    return f"{local:%Y-%m}"

@@ -1,0 +1,94 @@
+"""The read-only JobRun admin, through Django's test client."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from advisory_lock import JobRun
+
+pytestmark = pytest.mark.django_db
+CHANGELIST = "/admin/advisory_lock/jobrun/"
+NOW = datetime.datetime(2026, 11, 29, 3, 0, tzinfo=datetime.timezone.utc)
+
+
+@pytest.fixture
+def runs():
+    succeeded = JobRun.objects.create(
+        job_name="nightly_report", period="2026-11-29", status="succeeded", started_at=NOW,
+        finished_at=NOW + datetime.timedelta(seconds=42), duration=datetime.timedelta(seconds=42),
+        host="web-1", pid=4242,
+    )  # fmt: skip
+    failed = JobRun.objects.create(
+        job_name="import_prices", period="2026-11-29T03", status="failed", started_at=NOW,
+        host="web-2", pid=77, error="Traceback (most recent call last):\nValueError: <bad>",
+    )  # fmt: skip
+    return succeeded, failed
+
+
+def staff(username, *permissions):
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in permissions:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def test_anonymous_users_are_sent_to_the_login_page(client, runs):
+    response = client.get(CHANGELIST)
+    assert response.status_code == 302
+    assert response.url.startswith("/admin/login/")
+
+
+def test_staff_without_the_view_permission_get_403(client, runs):
+    client.force_login(staff("nobody"))
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(f"{CHANGELIST}{runs[0].pk}/change/").status_code == 403
+
+
+def test_staff_with_the_view_permission_see_the_runs_read_only(client, runs):
+    client.force_login(staff("viewer", "view_jobrun"))
+    page = client.get(CHANGELIST).content.decode()
+    assert "nightly_report" in page and "import_prices" in page and "web-1" in page
+    assert "background:#c62828" in page  # the failed badge
+    assert client.get(f"{CHANGELIST}add/").status_code == 403
+    detail = client.get(f"{CHANGELIST}{runs[1].pk}/change/").content.decode()
+    assert "ValueError: &lt;bad&gt;" in detail  # the traceback, escaped
+    assert 'name="_save"' not in detail
+    response = client.post(f"{CHANGELIST}{runs[1].pk}/delete/", {"post": "yes"})
+    assert response.status_code == 403
+    assert JobRun.objects.count() == 2
+
+
+def test_delete_needs_the_delete_permission(client, runs):
+    client.force_login(staff("janitor", "view_jobrun", "delete_jobrun"))
+    response = client.post(f"{CHANGELIST}{runs[1].pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert JobRun.objects.count() == 1
+
+
+def test_filters_and_search(client, runs):
+    client.force_login(staff("viewer", "view_jobrun"))
+    page = client.get(CHANGELIST, {"status__exact": "failed"}).content.decode()
+    assert "import_prices" in page and "web-1" not in page
+    page = client.get(CHANGELIST, {"q": "nightly"}).content.decode()
+    assert "web-1" in page and "web-2" not in page
+
+
+def test_the_changelist_runs_a_fixed_number_of_queries_however_many_runs(client, runs):
+    client.force_login(staff("viewer", "view_jobrun"))
+    params = {"status__exact": "succeeded", "job_name": "nightly_report"}
+    with CaptureQueriesContext(connection) as few:
+        assert client.get(CHANGELIST, params).status_code == 200
+    JobRun.objects.bulk_create(
+        JobRun(job_name="nightly_report", period=f"p{i}", status="succeeded", started_at=NOW)
+        for i in range(300)
+    )
+    with CaptureQueriesContext(connection) as many:
+        assert client.get(CHANGELIST, params).status_code == 200
+    assert len(many) == len(few)
+    assert len(few) <= 10

@@ -1,0 +1,304 @@
+"""The job_runs ledger: claims, run_once, periods, abandoned runs, failover."""
+
+from __future__ import annotations
+
+import datetime
+import zoneinfo
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+from django.db import transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from advisory_lock import JobRun
+from advisory_lock import advisory_lock
+from advisory_lock import run_once
+from advisory_lock.models import _insert_unless_taken
+from advisory_lock.periods import slot
+from tests.commands import finish
+from tests.commands import start
+from tests.commands import wait_for_line
+from tests.probes import in_other_connection
+
+UTC = datetime.timezone.utc
+
+
+@pytest.fixture
+def ledger(using):
+    """The JobRun rows of ``using``, emptied after the test."""
+    rows = JobRun.objects.using(using)
+    yield rows
+    rows.all().delete()
+
+
+def test_claim_takes_a_free_slot_once(ledger):
+    run = ledger.claim("report", period="daily")
+    assert run is not None and run.status == JobRun.Status.RUNNING and run.attempt == 1
+    assert run.period == f"{run.started_at:%Y-%m-%d}"
+    assert ledger.claim("report", period="daily") is None
+
+
+def test_a_succeeded_slot_is_never_claimed_again(ledger):
+    run = ledger.claim("report")
+    ledger.finish(run)
+    run.refresh_from_db(using=ledger.db)
+    assert run.status == JobRun.Status.SUCCEEDED and run.duration is not None
+    assert ledger.claim("report") is None
+    assert ledger.claim("report", retry_failed=True) is None
+
+
+def test_a_failed_slot_is_claimed_again_unless_retry_failed_is_false(ledger):
+    ledger.finish(ledger.claim("report"), error="Traceback...\nRuntimeError: boom")
+    assert ledger.claim("report", retry_failed=False) is None
+    again = ledger.claim("report")
+    assert again.attempt == 2 and again.status == JobRun.Status.RUNNING and again.error == ""
+
+
+def test_claim_commits_at_once_even_if_the_callers_transaction_rolls_back(ledger, using):
+    with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
+        assert ledger.claim("in-tx") is not None
+        1 / 0  # noqa: B018
+    assert ledger.filter(job_name="in-tx").count() == 1
+
+
+def test_a_refused_claim_does_not_poison_the_callers_transaction(ledger, using):
+    ledger.claim("taken")
+    with transaction.atomic(using=using):
+        assert ledger.claim("taken") is None
+        assert ledger.filter(job_name="taken").count() == 1  # the transaction still works
+
+
+def test_the_claim_is_one_insert_that_ignores_a_conflict(ledger, using):
+    now = datetime.datetime.now(UTC)
+    run = JobRun(job_name="one-insert", period="p", started_at=now)
+    connection = connections[using]
+    with CaptureQueriesContext(connection) as first:
+        assert _insert_unless_taken(run, using) is True
+    with CaptureQueriesContext(connection) as second:
+        assert _insert_unless_taken(run, using) is False
+    assert len(first) == len(second) == 1
+    sql = second[0]["sql"].upper()
+    assert sql.startswith("INSERT")
+    assert "ON CONFLICT DO NOTHING" in sql or "INSERT IGNORE" in sql or "OR IGNORE" in sql
+
+
+def test_run_once_records_success_and_skips_a_done_slot(ledger, using):
+    calls = []
+
+    @run_once("nightly", period="daily", using=using)
+    def nightly():
+        calls.append(1)
+        return "done"
+
+    assert nightly() == "done"
+    assert nightly() is None
+    assert calls == [1]
+    run = ledger.get(job_name="nightly")
+    assert run.status == JobRun.Status.SUCCEEDED and run.finished_at >= run.started_at
+
+
+def test_run_once_records_the_traceback_of_a_failure_and_reraises(ledger, using):
+    with pytest.raises(RuntimeError, match="boom"):
+        with run_once("fragile", using=using) as run:
+            assert run is not None
+            raise RuntimeError("boom")
+    failed = ledger.get(job_name="fragile")
+    assert failed.status == JobRun.Status.FAILED
+    assert "RuntimeError: boom" in failed.error and "Traceback" in failed.error
+
+
+def test_run_once_yields_none_while_another_instance_runs_the_job(ledger, using):
+    def try_meanwhile():
+        with run_once("busy-job", using=using) as run:
+            return run
+
+    with run_once("busy-job", using=using) as run:
+        assert run is not None
+        assert in_other_connection(try_meanwhile) is None
+
+
+def test_an_orphaned_running_row_is_abandoned_and_reclaimed(ledger, using):
+    # The owner died: its row says running, and its lock (job:<name>) is free.
+    ledger.create(
+        job_name="orphan",
+        period=slot("daily", datetime.datetime.now(UTC)),
+        started_at=datetime.datetime.now(UTC),
+        lock_key="job:orphan",
+    )
+    with run_once("orphan", using=using) as run:
+        assert run is not None and run.attempt == 2
+    assert ledger.get(job_name="orphan").status == JobRun.Status.SUCCEEDED
+
+
+def test_mark_abandoned_spares_rows_whose_owner_still_holds_the_lock(ledger, using):
+    now = datetime.datetime.now(UTC)
+    ledger.create(job_name="dead", period="p", started_at=now, lock_key="job:dead")
+    ledger.create(job_name="alive", period="p", started_at=now, lock_key="job:alive")
+    ledger.create(job_name="unknown", period="p", started_at=now)
+    with advisory_lock("job:alive", using=using):
+        assert ledger.mark_abandoned() == 1
+    statuses = dict(ledger.values_list("job_name", "status"))
+    assert statuses == {"dead": "abandoned", "alive": "running", "unknown": "running"}
+
+
+# Bad input: a clear error before any SQL, and no row.
+
+
+@pytest.mark.parametrize(
+    ("job_name", "period", "error"),
+    [
+        ("", "daily", ValueError),
+        ("   ", "daily", ValueError),
+        ("x" * 201, "daily", ValueError),
+        (None, "daily", TypeError),
+        ("job", "fortnightly", ValueError),
+        ("job", "", ValueError),
+        ("job", 7, TypeError),
+        ("job", lambda now: 42, ValueError),
+        ("job", lambda now: "", ValueError),
+        ("job", lambda now: "x" * 65, ValueError),
+    ],
+)
+def test_bad_job_names_and_periods_are_refused(ledger, job_name, period, error):
+    with pytest.raises(error):
+        ledger.claim(job_name, period=period)
+    assert ledger.count() == 0
+
+
+def test_run_once_refuses_bad_arguments_at_once():
+    with pytest.raises(ValueError, match="period"):
+        run_once("job", period="yearly")
+    with pytest.raises(TypeError):
+        run_once("job", using=1)
+
+
+# Periods, from the database server's clock, in the ledger's time zone.
+
+
+def at(text):
+    return datetime.datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize(
+    ("period", "moment", "expected"),
+    [
+        ("once", "2026-11-29T13:05:00+00:00", "once"),
+        ("hourly", "2026-11-29T13:05:00+00:00", "2026-11-29T13"),
+        ("daily", "2026-11-29T23:59:59+00:00", "2026-11-29"),
+        ("daily", "2026-11-30T00:00:00+00:00", "2026-11-30"),
+        ("weekly", "2026-11-29T13:05:00+00:00", "2026-W48"),
+        ("weekly", "2026-12-31T12:00:00+00:00", "2026-W53"),
+        ("monthly", "2026-11-30T23:59:59+00:00", "2026-11"),
+        ("monthly", "2026-12-01T00:00:00+00:00", "2026-12"),
+    ],
+)
+def test_slots_in_utc(period, moment, expected):
+    assert slot(period, at(moment)) == expected
+
+
+@override_settings(ADVISORY_LOCK={"LEDGER_TIME_ZONE": "Europe/Paris"})
+def test_midnight_is_the_ledger_time_zones_midnight():
+    assert slot("daily", at("2026-11-29T22:59:59+00:00")) == "2026-11-29"
+    assert slot("daily", at("2026-11-29T23:00:00+00:00")) == "2026-11-30"
+
+
+@override_settings(ADVISORY_LOCK={"LEDGER_TIME_ZONE": "America/New_York"})
+def test_the_hour_repeated_when_dst_ends_is_two_slots():
+    first = slot("hourly", at("2026-11-01T05:30:00+00:00"))  # 01:30 EDT
+    second = slot("hourly", at("2026-11-01T06:30:00+00:00"))  # 01:30 EST
+    assert first == "2026-11-01T01" and second == "2026-11-01T01-0500"
+    assert slot("daily", at("2026-11-01T05:30:00+00:00")) == "2026-11-01"
+    assert slot("daily", at("2026-11-02T04:59:59+00:00")) == "2026-11-01"  # a 25-hour day
+
+
+@override_settings(ADVISORY_LOCK={"LEDGER_TIME_ZONE": "America/New_York"})
+def test_the_hour_skipped_when_dst_starts_is_no_slot():
+    assert slot("hourly", at("2026-03-08T06:59:00+00:00")) == "2026-03-08T01"
+    assert slot("hourly", at("2026-03-08T07:00:00+00:00")) == "2026-03-08T03"
+
+
+def test_a_callable_period_gets_the_time_in_the_ledger_time_zone():
+    seen = []
+    with override_settings(ADVISORY_LOCK={"LEDGER_TIME_ZONE": "Asia/Tokyo"}):
+        assert slot(lambda now: seen.append(now) or "q4", at("2026-11-29T20:00:00+00:00")) == "q4"
+    assert seen[0].tzinfo == zoneinfo.ZoneInfo("Asia/Tokyo") and seen[0].day == 30
+
+
+@pytest.mark.parametrize("using", ["mysql"], indirect=True)
+def test_slots_come_from_the_database_servers_clock_not_the_hosts(ledger, using):
+    # MySQL's SET TIMESTAMP moves NOW()/UTC_TIMESTAMP() for a session: a server clock 10 days
+    # ahead of this host must give the server's day.
+    options = connections.settings[using].setdefault("OPTIONS", {})
+    ahead = datetime.datetime.now(UTC) + datetime.timedelta(days=10)
+    options["init_command"] = f"SET TIMESTAMP = {int(ahead.timestamp())}"
+    try:
+        run = ledger.claim("skewed")
+    finally:
+        del options["init_command"]
+    assert run.period == f"{ahead:%Y-%m-%d}"
+
+
+# @single_instance(ledger=...): lock and ledger together, across a failover.
+
+
+def test_ledger_command_runs_once_per_slot_even_after_the_lock_is_dropped(ledger, using):
+    status, out, _ = finish(start(using, "ledger_job"))
+    assert status == 0 and "finished" in out
+    # A new lock (the old holder's connection is long gone): the slot is still done.
+    status, out, err = finish(start(using, "ledger_job"))
+    assert status == 3 and "finished" not in out
+    assert "slot" in err and "already done" in err
+    assert ledger.get(job_name="lockapp.ledger_job").status == JobRun.Status.SUCCEEDED
+
+
+def test_a_killed_ledger_command_is_abandoned_and_the_next_instance_runs(ledger, using):
+    holder = start(using, "ledger_job", "--seconds", "30")
+    wait_for_line(holder, "running")
+    holder.kill()
+    finish(holder)
+    assert ledger.get(job_name="lockapp.ledger_job").status == JobRun.Status.RUNNING
+    status, out, err = finish(start(using, "ledger_job"))
+    assert status == 0 and "finished" in out, err
+    run = ledger.get(job_name="lockapp.ledger_job")
+    assert run.status == JobRun.Status.SUCCEEDED and run.attempt == 2
+
+
+def test_a_failed_ledger_command_records_the_traceback(ledger, using):
+    status, _, err = finish(start(using, "ledger_job", "--fail"))
+    assert status == 1 and "failed on purpose" in err
+    run = ledger.get(job_name="lockapp.ledger_job")
+    assert (
+        run.status == JobRun.Status.FAILED
+        and "RuntimeError: the job failed on purpose" in run.error
+    )
+
+
+# manage.py job_runs
+
+
+def test_job_runs_command_lists_filters_and_prunes(ledger, using, capsys):
+    old = datetime.datetime.now(UTC) - datetime.timedelta(days=40)
+    ledger.create(job_name="a", period="1", started_at=old, status="succeeded")
+    ledger.create(job_name="a", period="2", started_at=old, status="running")
+    ledger.create(job_name="b", period="1", started_at=datetime.datetime.now(UTC), status="failed")
+    call_command("job_runs", "--database", using, "--job", "a")
+    listing = capsys.readouterr().out
+    assert listing.count("\na ") == 2 and "\nb " not in listing
+    call_command("job_runs", "--database", using, "--status", "failed")
+    assert "\nb " in capsys.readouterr().out
+    call_command("job_runs", "--database", using, "--prune", "--older-than", "30")
+    assert "Pruned 1 " in capsys.readouterr().out
+    assert sorted(ledger.values_list("job_name", "status")) == [("a", "running"), ("b", "failed")]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--prune"], ["--older-than", "3"], ["--prune", "--older-than", "0"], ["--limit", "x"]],
+)
+def test_job_runs_command_refuses_bad_options(argv):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError):
+        call_command("job_runs", *argv)

@@ -13,6 +13,12 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_DIR": None,
     # Time zone of the ledger's periods (daily, hourly...); None means settings.TIME_ZONE.
     "LEDGER_TIME_ZONE": None,
+    # {alias: "transaction" | "session"}: declare a pooler in front of an alias.
+    "POOL_MODE": {},
+    # {alias: direct alias}: where commands and the ledger take session locks instead.
+    "DIRECT_ALIAS": {},
+    # Lock names to show in inspection and check for collisions (besides those in use).
+    "NAMES": [],
 }
 
 

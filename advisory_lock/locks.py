@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.transaction import TransactionManagementError
 from django.db.utils import load_backend
 
+from advisory_lock import signals
 from advisory_lock.backends import get_backend
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.exceptions import LockLost
@@ -106,6 +107,8 @@ class AdvisoryLock:
                 f"have no shared named locks. Lock {self.lock_key.label} exclusively."
             )
         scope = self._resolve_scope(connection)
+        if scope == "session" and (problem := backend.session_lock_problem()):
+            raise NotSupportedError(problem)
         db_key = backend.db_key(self.lock_key)
         native = scope == "transaction" and backend.native_transaction_scope
         started = time.monotonic()
@@ -127,6 +130,7 @@ class AdvisoryLock:
         )
         if not acquired:
             logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
+            _send(signals.lock_busy, self, handle)
             if self.wait:
                 waited = (
                     f"gave up after {self.timeout:g}s"
@@ -138,15 +142,27 @@ class AdvisoryLock:
                     f"session; {waited}. Retry later, raise timeout=, or pass wait=False to "
                     f"skip the work when the lock is busy."
                 )
-        elif scope == "transaction" and not native:
-            _release_at_transaction_end(backend, handle, after_rollback=False)
+        else:
+            _send(signals.lock_acquired, self, handle)
+            if scope == "session":
+                backend.session_holds[db_key] = backend.session_holds.get(db_key, 0) + 1
+            elif not native:
+                _release_at_transaction_end(backend, handle, after_rollback=False)
+            elif signals.lock_released.has_listeners():
+                _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
         self._handles.append(handle)
         return handle
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         handle = self._handles.pop()
         if handle.acquired and handle.scope == "session":
-            _release_session_lock(get_backend(connections[self.using]), handle, exc_value)
+            backend = get_backend(connections[self.using])
+            holds = backend.session_holds
+            if holds.get(handle.db_key, 0) > 1:
+                holds[handle.db_key] -= 1
+            else:
+                holds.pop(handle.db_key, None)
+            _release_session_lock(backend, handle, exc_value, self)
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: take the lock around each call; a busy lock raises."""
@@ -211,15 +227,18 @@ def _checked_timeout(wait: bool, timeout: object) -> float | None:
 
 
 def _release_session_lock(
-    backend: LockBackend, handle: LockHandle, exc: BaseException | None
+    backend: LockBackend, handle: LockHandle, exc: BaseException | None, sender: object
 ) -> None:
     """Release on the connection that took the lock; never leave it in an unknown state."""
     label = handle.lock_key.label
     if backend.holder_token() is not handle._token:
         # The connection that held the lock was closed during the block: the database
         # dropped the lock then, so the block did not run under it to the end.
-        _lost(f"Lock {label} on database {handle.using!r} was lost during the block: the "
-              f"connection holding it was closed.", exc)  # fmt: skip
+        message = (
+            f"Lock {label} on database {handle.using!r} was lost during the block: the "
+            f"connection holding it was closed."
+        )
+        _lost(sender, handle, exc, message)
         return
     if backend.transaction_is_aborted():
         # PostgreSQL refuses every statement (25P02) until the rollback: release right after.
@@ -227,27 +246,59 @@ def _release_session_lock(
         return
     try:
         released = backend.release(handle.db_key, shared=handle.shared)
+    except LockLost as error:
+        _lost(sender, handle, exc, str(error))
+        return
     except DatabaseError as error:
         # The release could not run: close the connection so that the database drops the lock
         # and nobody reuses a connection whose locks are in an unknown state.
-        backend.connection.close()
-        _lost(f"Releasing lock {label} on database {handle.using!r} failed ({error}); the "
-              f"connection was closed, which releases it.", exc, error)  # fmt: skip
+        backend.discard_connection()
+        message = (
+            f"Releasing lock {label} on database {handle.using!r} failed ({error}); the "
+            f"connection was closed, which releases it."
+        )
+        _lost(sender, handle, exc, message, error)
         return
     if not released:
-        _lost(f"Lock {label} on database {handle.using!r} was not held by this connection "
-              f"when released: it was lost during the block (connection reset, "
-              f"pg_advisory_unlock_all(), or a transaction-mode pooler).", exc)  # fmt: skip
+        message = (
+            f"Lock {label} on database {handle.using!r} was not held by this connection when "
+            f"released: it was lost during the block (connection reset, "
+            f"pg_advisory_unlock_all(), or a transaction-mode pooler)."
+        )
+        _lost(sender, handle, exc, message)
         return
     logger.debug("Released lock %s on database %r.", label, handle.using)
+    _send(signals.lock_released, sender, handle)
 
 
-def _lost(message: str, exc: BaseException | None, cause: BaseException | None = None) -> None:
+def _lost(
+    sender: object,
+    handle: LockHandle,
+    exc: BaseException | None,
+    message: str,
+    cause: BaseException | None = None,
+) -> None:
     """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
+    _send(signals.lock_lost, sender, handle)
     if exc is not None:
         logger.error(message)
         return
     raise LockLost(message) from cause
+
+
+def _send(signal: Any, sender: object, handle: LockHandle) -> None:
+    if not signal.has_listeners():
+        return
+    held = time.monotonic() - handle.acquired_at if handle.acquired_at is not None else None
+    signal.send(
+        sender=sender,
+        key=handle.key,
+        name=handle.key if isinstance(handle.key, str) else None,
+        using=handle.using,
+        scope=handle.scope,
+        wait_time=handle.wait_time,
+        hold_time=held,
+    )
 
 
 class _ReleaseAtTransactionEnd:
@@ -275,6 +326,10 @@ class _ReleaseAtTransactionEnd:
             logger.exception("Releasing an advisory lock at the end of a transaction failed.")
 
 
+def _at_transaction_end(handle: LockHandle, callback: Callable[[], None]) -> None:
+    transaction.on_commit(_ReleaseAtTransactionEnd(callback), using=handle.using, robust=True)
+
+
 def _release_at_transaction_end(
     backend: LockBackend, handle: LockHandle, *, after_rollback: bool
 ) -> None:
@@ -285,11 +340,13 @@ def _release_at_transaction_end(
             return  # the connection closed: the database dropped the lock with it
         try:
             backend.release(handle.db_key, shared=handle.shared, after_rollback=rolled_back)
-        except DatabaseError:
+        except (DatabaseError, LockLost):
             logger.exception("Releasing lock %r failed; closing the connection.", handle.key)
-            connection.close()
+            backend.discard_connection()
+            return
+        _send(signals.lock_released, backend, handle)
 
-    transaction.on_commit(_ReleaseAtTransactionEnd(release), using=handle.using, robust=True)
+    _at_transaction_end(handle, release)
 
 
 class DedicatedLock:

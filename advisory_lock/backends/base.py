@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import time
 from typing import Any
 from typing import ClassVar
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from advisory_lock.conf import get_setting
 from advisory_lock.keys import LockKey
 
 
@@ -32,6 +35,8 @@ class LockBackend:
         self.connection = connection
         self._raw: Any = None
         self._cursor: Any = None
+        #: Session locks taken through advisory_lock() and not yet released: db_key -> holds.
+        self.session_holds: dict[Any, int] = {}
 
     # The interface.
 
@@ -52,6 +57,21 @@ class LockBackend:
         transaction back (a release deferred because the transaction had failed).
         """
         raise NotImplementedError
+
+    def release_all(self) -> None:
+        """Release every session lock this holder has (the end-of-request safety net)."""
+        raise NotImplementedError
+
+    def discard_connection(self) -> None:
+        """Close the driver connection for good (never back to a pool), then Django's."""
+        raw = self.connection.connection
+        # Closing a broken connection may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            if raw is not None:
+                raw.close()  # first, so that a pool discards it instead of lending it again
+        with contextlib.suppress(DatabaseError):
+            self.connection.close()
+        self.session_holds.clear()
 
     def holder_token(self) -> object:
         """The object whose life bounds a session lock: the driver connection by default."""
@@ -77,6 +97,17 @@ class LockBackend:
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
         """Settings for a connection opened for one lock only (outside any pool)."""
         return copy.deepcopy(settings_dict)
+
+    def session_lock_problem(self) -> str | None:
+        """Why session locks can't work on this alias (a transaction pooler), or None."""
+        alias = self.connection.alias
+        if get_setting("POOL_MODE").get(alias) == "transaction":
+            return (
+                f"Session-scoped locks can't work on {self.describe()}: "
+                f"ADVISORY_LOCK['POOL_MODE'] declares it behind a transaction-mode pooler. "
+                f"{pooler_advice(alias)}"
+            )
+        return None
 
     def describe(self) -> str:
         """Name the database for messages: alias and vendor."""
@@ -108,3 +139,15 @@ class LockBackend:
                     "time": f"{duration:.3f}",
                 }
             )
+
+
+def pooler_advice(alias: str) -> str:
+    """The two ways out for session locks behind a transaction-mode pooler."""
+    return (
+        f"A transaction pooler runs each transaction on any server connection, so a session "
+        f"lock is taken on one and released on another. Either take the lock inside "
+        f"transaction.atomic(using={alias!r}) (transaction scope works behind the pooler), or "
+        f"lock through an alias that connects to the database directly: "
+        f"ADVISORY_LOCK['DIRECT_ALIAS'] = {{{alias!r}: '<direct alias>'}} "
+        f"(@single_instance and the ledger use it), or using='<direct alias>'."
+    )

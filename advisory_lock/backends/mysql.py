@@ -70,6 +70,11 @@ class MySQLBackend(LockBackend):
         # 1: released; 0: held by another connection; NULL: nobody holds it.
         return result == 1
 
+    def release_all(self) -> None:
+        with self.connection.wrap_database_errors:
+            self.run("SELECT RELEASE_ALL_LOCKS()", ())
+        self.session_holds.clear()
+
     def is_held(self, db_key: Any) -> bool:
         with self.connection.wrap_database_errors:
             (held,) = self.run("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (db_key,))

@@ -15,7 +15,9 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from advisory_lock.backends.base import LockBackend
+from advisory_lock.backends.base import pooler_advice
 from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import LockKey
 
 
@@ -27,10 +29,13 @@ def _function(*, try_: bool, xact: bool, shared: bool) -> str:
 
 
 # (try, xact, shared, pair) → the statement. Built once from fixed names; keys are parameters.
+# Session-lock statements also return pg_backend_pid(), in the same round trip: a server pid
+# that changes under one client connection means a transaction-mode pooler (PgBouncer).
 _LOCK_SQL = {
     (try_, xact, shared, pair): (
         f"SELECT {_function(try_=try_, xact=xact, shared=shared)}"
         f"({'%s::integer, %s::integer' if pair else '%s::bigint'})"
+        f"{'' if xact else ', pg_backend_pid()'}"
     )
     for try_ in (False, True)
     for xact in (False, True)
@@ -40,7 +45,7 @@ _LOCK_SQL = {
 _UNLOCK_SQL = {
     (shared, pair): (
         f"SELECT pg_advisory_unlock{'_shared' if shared else ''}"
-        f"({'%s::integer, %s::integer' if pair else '%s::bigint'})"
+        f"({'%s::integer, %s::integer' if pair else '%s::bigint'}), pg_backend_pid()"
     )
     for shared in (False, True)
     for pair in (False, True)
@@ -57,6 +62,8 @@ _BOUNDED_IN_TRANSACTION_SQL = (
     "set_config('lock_timeout', %s::text, true)) AS _t"
 )
 _BOUNDED = {k: _BOUNDED_SQL.format(lock=v.removeprefix("SELECT ")) for k, v in _LOCK_SQL.items()}
+# Aliases on which a transaction-mode pooler was seen (the server pid changed), per process.
+POOLED_ALIASES: set[str] = set()
 _BOUNDED_IN_TRANSACTION = {
     k: _BOUNDED_IN_TRANSACTION_SQL.format(lock=v.removeprefix("SELECT "))
     for k, v in _LOCK_SQL.items()
@@ -91,6 +98,11 @@ class PostgreSQLBackend(LockBackend):
     vendor = "postgresql"
     native_transaction_scope = True
 
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection)
+        self._pid_connection: Any = None
+        self._server_pid: int | None = None
+
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
         return key.as_int64()
 
@@ -104,8 +116,8 @@ class PostgreSQLBackend(LockBackend):
             try:
                 if timeout is None or timeout == 0:
                     row = self.run(_LOCK_SQL[variant], params)
-                    return row[0] is not False
-                return self._bounded_wait(variant, params, timeout)
+                else:
+                    row = self._bounded_wait(variant, params, timeout)
             except errors.LockNotAvailable:
                 # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
                 return False
@@ -116,25 +128,30 @@ class PostgreSQLBackend(LockBackend):
                     f"(max_connections + max_prepared_transactions) slots. Release locks you "
                     f"no longer need, or raise max_locks_per_transaction."
                 ) from exc
+        if row is None or row[0] is False:
+            return False
+        if not transaction:
+            self._check_server_pid(row[1], "took")
+        return True
 
     def _bounded_wait(
         self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float
-    ) -> bool:
+    ) -> tuple[Any, ...] | None:
+        """Wait at most ``timeout``; return the lock statement's row, or None if it ran out."""
         # lock_timeout is in milliseconds, and 0 would mean "no limit".
         lock_timeout = str(max(1, math.ceil(timeout * 1000)))
         if self._raw_autocommit():
-            self.run(_BOUNDED[variant], (*params, lock_timeout))
-            return True
+            return self.run(_BOUNDED[variant], (*params, lock_timeout))
         # In a transaction a lock_timeout error would abort it: wait inside a savepoint.
         self.run("SAVEPOINT advisory_lock_wait", ())
         try:
-            self.run(_BOUNDED_IN_TRANSACTION[variant], (*params, lock_timeout))
+            row = self.run(_BOUNDED_IN_TRANSACTION[variant], (*params, lock_timeout))
         except errors.LockNotAvailable:
             self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", ())
             self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
-            return False
+            return None
         self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
-        return True
+        return row
 
     def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
         pair = isinstance(db_key, tuple)
@@ -145,7 +162,40 @@ class PostgreSQLBackend(LockBackend):
                 # Django has rolled back but not yet switched autocommit back on; psycopg
                 # opened a transaction for the unlock, which must not be left open.
                 raw.commit()
+        self._check_server_pid(row[1], "released")
         return bool(row[0])
+
+    def _check_server_pid(self, pid: int, action: str) -> None:
+        """Remember the server pid of this client connection; a change reveals a pooler."""
+        raw = self.connection.connection
+        if self._pid_connection is not raw:
+            self._pid_connection, self._server_pid = raw, pid
+            return
+        if pid == self._server_pid:
+            return
+        previous, self._server_pid = self._server_pid, pid
+        POOLED_ALIASES.add(self.connection.alias)
+        raise LockLost(
+            f"On {self.describe()} this client connection's statements ran on server "
+            f"pid {previous}, then pid {pid}: a transaction-mode pooler (PgBouncer) is in "
+            f"between. This statement {action} the lock on pid {pid}, so the lock is not where "
+            f"it should be (a lock left on a server connection stays held until that server "
+            f"connection closes). {pooler_advice(self.connection.alias)}"
+        )
+
+    def session_lock_problem(self) -> str | None:
+        if self.connection.alias in POOLED_ALIASES:
+            return (
+                f"Session-scoped locks can't work on {self.describe()}: a transaction-mode "
+                f"pooler was detected in front of it (the server pid changed under one "
+                f"client connection). {pooler_advice(self.connection.alias)}"
+            )
+        return super().session_lock_problem()
+
+    def release_all(self) -> None:
+        with self.connection.wrap_database_errors:
+            self.run("SELECT pg_advisory_unlock_all()", ())
+        self.session_holds.clear()
 
     def is_held(self, db_key: Any) -> bool:
         with self.connection.wrap_database_errors:
@@ -193,3 +243,11 @@ class PostgreSQLBackend(LockBackend):
         if self.connection.connection is None:
             self.connection.ensure_connection()
         return self.connection.connection.autocommit
+
+
+def reset_pooled_connection(connection: Any) -> None:
+    """``OPTIONS["pool"]["reset"]`` for Django's PostgreSQL pool: drop every advisory lock
+    a borrower left on a connection before the next borrower gets it."""
+    connection.execute("SELECT pg_advisory_unlock_all()")
+    if connection.info.transaction_status != TransactionStatus.IDLE:
+        connection.rollback()

@@ -99,6 +99,15 @@ class SQLiteBackend(LockBackend):
             fcntl.flock(hold.fd, fcntl.LOCK_SH)  # exclusive holds are gone: keep it shared
         return True
 
+    def release_all(self) -> None:
+        for hold in self._holds.values():
+            os.close(hold.fd)
+        self._holds.clear()
+        self.session_holds.clear()
+
+    def discard_connection(self) -> None:
+        self.connection.close()  # the file locks are not on the connection: nothing to drop
+
     def is_held(self, db_key: Any) -> bool:
         hold = self._holds.get(db_key)
         if hold is None:

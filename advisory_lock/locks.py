@@ -25,6 +25,7 @@ from django.db.utils import load_backend
 from advisory_lock import signals
 from advisory_lock.backends import get_backend
 from advisory_lock.backends.base import LockBackend
+from advisory_lock.conf import get_setting
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
@@ -194,6 +195,37 @@ class AdvisoryLock:
         return "session"
 
 
+def direct_alias(alias: str) -> str:
+    """The alias that reaches ``alias``'s database without a pooler (DIRECT_ALIAS)."""
+    return get_setting("DIRECT_ALIAS").get(alias, alias)
+
+
+def release_leftover_session_locks(**kwargs: Any) -> None:
+    """At the end of a request, release session locks still held on this thread's connections.
+
+    A view that leaves a session lock behind (it never reached the block's exit) must not hand
+    it to the next request served on a persistent (CONN_MAX_AGE > 0) connection.
+    """
+    for connection in connections.all(initialized_only=True):
+        backend = getattr(connection, "_advisory_lock_backend", None)
+        if backend is None or not backend.session_holds:
+            continue
+        leftovers = list(backend.session_holds)
+        logger.error(
+            "A request ended holding %d session lock(s) on database %r (%s); releasing them.",
+            len(leftovers),
+            connection.alias,
+            ", ".join(map(repr, leftovers[:5])),
+        )
+        if connection.connection is None:
+            backend.session_holds.clear()
+            continue
+        try:
+            backend.release_all()
+        except DatabaseError:
+            backend.discard_connection()
+
+
 def advisory_lock(
     key: Key,
     *,
@@ -358,13 +390,15 @@ class DedicatedLock:
 
     def __init__(self, key: Key, *, using: str | None, label: str) -> None:
         self.key = make_key(key)
-        self.using = using or DEFAULT_DB_ALIAS
+        self.using = direct_alias(using or DEFAULT_DB_ALIAS)
         self.label = label
         settings_dict = connections.settings[self.using]
         backend_class = type(get_backend(connections[self.using]))
         dedicated = backend_class.dedicated_settings(settings_dict, f"{label} (advisory_lock)")
         self.connection = load_backend(dedicated["ENGINE"]).DatabaseWrapper(dedicated, self.using)
         self.backend = get_backend(self.connection)
+        if problem := self.backend.session_lock_problem():
+            raise NotSupportedError(problem)
         self.db_key = self.backend.db_key(self.key)
         self.lost = False
         self.acquired_at: float | None = None

@@ -33,6 +33,26 @@ _HASH_MARK = "~"  # never a plain character, so a shortened name can't equal a p
 _HASH_LENGTH = 20  # base32 characters: 100 bits of SHA-256
 
 
+# Names used in this process, newest last, for inspection; bounded so that per-request keys
+# (e.g. "user:<id>") can't grow it without limit.
+MAX_REMEMBERED_NAMES = 1000
+_recent_names: dict[str, None] = {}
+
+
+def remember_name(name: str) -> None:
+    """Note that ``name`` was used as a lock key in this process."""
+    if name in _recent_names:
+        return
+    if len(_recent_names) >= MAX_REMEMBERED_NAMES:
+        _recent_names.pop(next(iter(_recent_names)), None)
+    _recent_names[name] = None
+
+
+def recent_names() -> list[str]:
+    """The lock names used in this process lately (at most MAX_REMEMBERED_NAMES)."""
+    return list(_recent_names)
+
+
 @dataclass(frozen=True)
 class LockKey:
     """A validated key: ``value`` as given, ``namespace`` for string keys."""
@@ -71,7 +91,10 @@ def make_key(key: object, namespace: str | None = None) -> LockKey:
     if isinstance(key, bool):
         raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not a bool ({key!r}).")
     if isinstance(key, str):
-        return LockKey(_checked_name(key), _checked_namespace(namespace))
+        lock_key = LockKey(_checked_name(key), _checked_namespace(namespace))
+        if namespace is None:
+            remember_name(key)
+        return lock_key
     if isinstance(key, int):
         if key not in INT64_RANGE:
             raise ValueError(f"Lock key {key} is out of range: it must be {ALLOWED_FORMS}.")

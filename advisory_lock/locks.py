@@ -94,7 +94,9 @@ class AdvisoryLock:
             )
         self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
         self._timeout = _checked_timeout(wait, timeout)
-        self._handles: list[LockHandle] = []
+        # Handles of the blocks this object is in, per thread: one decorated function (one
+        # object) runs in many threads at once.
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
@@ -151,11 +153,14 @@ class AdvisoryLock:
                 _release_at_transaction_end(backend, handle, after_rollback=False)
             elif signals.lock_released.has_listeners():
                 _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
-        self._handles.append(handle)
+        try:
+            self._local.handles.append(handle)
+        except AttributeError:
+            self._local.handles = [handle]
         return handle
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        handle = self._handles.pop()
+        handle = self._local.handles.pop()
         if handle.acquired and handle.scope == "session":
             backend = get_backend(connections[self.using])
             holds = backend.session_holds

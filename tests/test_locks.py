@@ -301,3 +301,53 @@ def test_a_lock_released_on_a_dead_connection_closes_it_and_raises_lock_lost(usi
     assert is_free("killed", using)
     with advisory_lock("killed", using=using) as handle:  # the alias reconnects
         assert handle
+
+
+# Shared locks let both threads hold the key through one object (MySQL has none).
+@pytest.mark.parametrize("using", ["default", "postgresql"], indirect=True)
+def test_one_lock_object_used_by_two_threads_keeps_their_holds_apart(using):
+    """A decorated function is one lock object: each thread must release its own hold.
+
+    Thread A enters first and leaves first, while B is still inside: A must release A's
+    hold, not the last one taken on the object (B's).
+    """
+    import threading
+
+    lock = advisory_lock("shared-object", using=using, shared=True, wait=False)
+    a_in, a_out = threading.Event(), threading.Event()
+    outcomes = {}
+
+    def thread_a():
+        try:
+            with lock as handle:
+                outcomes["a"] = handle.acquired
+                a_in.set()
+                assert b_in.wait(10)
+        except Exception as exc:
+            outcomes["a"] = exc
+        finally:
+            a_out.set()
+            connections.close_all()
+
+    b_in = threading.Event()
+
+    def thread_b():
+        assert a_in.wait(10)
+        try:
+            with lock as handle:
+                outcomes["b"] = handle.acquired
+                b_in.set()
+                assert a_out.wait(10)
+        except Exception as exc:
+            outcomes["b"] = exc
+        finally:
+            b_in.set()
+            connections.close_all()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert outcomes == {"a": True, "b": True}
+    assert is_free("shared-object", using)

@@ -93,6 +93,18 @@ class LockBackend:
         """The database server's clock (aware, UTC), so that skewed app hosts agree."""
         raise NotImplementedError
 
+    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
+        """Advisory locks held and awaited on this database: (source, note, rows).
+
+        ``names`` maps db keys to lock names, for backends that can only look names up. Each
+        row has ``db_key``, ``mode``, ``granted`` and what the database tells of the holder.
+        """
+        raise NotImplementedError
+
+    def terminate(self, holder_id: int) -> None:
+        """End the holder's connection (pg_terminate_backend / KILL), which frees its locks."""
+        raise NotImplementedError
+
     @classmethod
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
         """Settings for a connection opened for one lock only (outside any pool)."""

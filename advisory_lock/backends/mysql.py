@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 import time
 from typing import Any
 
@@ -24,6 +25,22 @@ MAX_NAME_LENGTH = 64
 # "for ever". MariaDB's "for ever" is therefore a long bound: about 68 years.
 _MARIADB_FOREVER = 2**31 - 1
 _POLL_INTERVAL = 0.02
+# A waiting GET_LOCK shows its statement in the processlist; mysqlclient inlines the name.
+_WAITING_NAME = re.compile(r"GET_LOCK\('((?:[^'\\]|\\.)*)'", re.IGNORECASE)
+_PERFORMANCE_SCHEMA_SQL = (
+    "SELECT m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED', t.PROCESSLIST_ID, t.PROCESSLIST_USER, "
+    "t.PROCESSLIST_HOST, t.PROCESSLIST_TIME, t.PROCESSLIST_STATE, t.PROCESSLIST_INFO "
+    "FROM performance_schema.metadata_locks m "
+    "JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID "
+    "WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK'"
+)
+_METADATA_LOCK_INFO_SQL = (
+    "SELECT m.TABLE_SCHEMA, 1, m.THREAD_ID, p.USER, p.HOST, p.TIME, p.STATE, p.INFO "
+    "FROM information_schema.METADATA_LOCK_INFO m "
+    "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = m.THREAD_ID "
+    "WHERE m.LOCK_TYPE = 'User lock'"
+)
+_PROCESSLIST_SQL = "SELECT ID, USER, HOST, TIME, STATE, INFO FROM information_schema.PROCESSLIST"
 
 
 class MySQLBackend(LockBackend):
@@ -79,6 +96,75 @@ class MySQLBackend(LockBackend):
         with self.connection.wrap_database_errors:
             (held,) = self.run("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (db_key,))
         return held == 1
+
+    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
+        """Granted locks from the best source the server has; waiters from the processlist."""
+        with self.connection.wrap_database_errors, self.connection.cursor() as cursor:
+            for source, sql in (
+                ("performance_schema.metadata_locks", _PERFORMANCE_SCHEMA_SQL),
+                ("information_schema.METADATA_LOCK_INFO", _METADATA_LOCK_INFO_SQL),
+            ):
+                if self._can_read(cursor, source):
+                    cursor.execute(sql)
+                    return source, "", [self._row(row) for row in cursor.fetchall()]
+            # Neither: ask for each name we know, and read waiters off the processlist.
+            cursor.execute(_PROCESSLIST_SQL)
+            processes = {row[0]: row for row in cursor.fetchall()}
+            locks = []
+            for name in names:
+                cursor.execute("SELECT IS_USED_LOCK(%s)", [name])
+                (holder,) = cursor.fetchone()
+                if holder is not None:
+                    process = processes.get(holder, (holder, None, None, None, None, None))
+                    locks.append(self._row((name, True, *process)))
+            for process in processes.values():
+                match = _WAITING_NAME.search(process[5] or "")
+                if match and process[4] == "User lock":
+                    locks.append(self._row((match.group(1), False, *process)))
+        note = (
+            "This server has neither performance_schema nor the METADATA_LOCK_INFO plugin, so "
+            "only locks with a known name are shown (and waiters, from the processlist)."
+        )
+        return "IS_USED_LOCK over known names", note, locks
+
+    def _can_read(self, cursor: Any, source: str) -> bool:
+        if source.startswith("performance_schema"):
+            cursor.execute("SELECT @@performance_schema")
+            if not cursor.fetchone()[0]:
+                return False
+            sql = "SELECT 1 FROM performance_schema.metadata_locks LIMIT 0"
+        else:
+            sql = (
+                "SELECT 1 FROM information_schema.PLUGINS "
+                "WHERE PLUGIN_NAME = 'METADATA_LOCK_INFO' AND PLUGIN_STATUS = 'ACTIVE'"
+            )
+        try:
+            cursor.execute(sql)
+        except self.connection.Database.Error:
+            return False
+        return source.startswith("performance_schema") or cursor.fetchone() is not None
+
+    @staticmethod
+    def _row(row: tuple[Any, ...]) -> dict[str, Any]:
+        name, granted, connection_id, user, host, seconds, state, query = row
+        return {
+            "db_key": name,
+            "mode": "exclusive",
+            "granted": bool(granted),
+            "connection_id": connection_id,
+            "user": user,
+            "client_addr": host,
+            "state": state,
+            "query": query,
+            # Seconds in the connection's current state: how long a waiter has waited; for
+            # an idle holder, how long since its last statement (a lower bound of the hold).
+            "held_for": float(seconds) if granted and seconds is not None else None,
+            "waited_for": None if granted or seconds is None else float(seconds),
+        }
+
+    def terminate(self, holder_id: int) -> None:
+        with self.connection.wrap_database_errors, self.connection.cursor() as cursor:
+            cursor.execute("KILL %s", [int(holder_id)])
 
     def database_now(self) -> datetime.datetime:
         with self.connection.wrap_database_errors:

@@ -87,6 +87,30 @@ _HOLDER_SQL = (
 )
 
 
+_LIST_SQL = (
+    "SELECT l.classid, l.objid, l.objsubid, l.mode, l.granted, l.pid, a.usename, "
+    "a.application_name, host(a.client_addr), a.backend_start, a.xact_start, a.state, a.query, "
+    "EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.backend_start)), "
+    "EXTRACT(EPOCH FROM now() - (to_jsonb(l) ->> 'waitstart')::timestamptz) "
+    "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "ORDER BY l.granted DESC, l.pid"
+)
+
+
+def _signed32(value: int) -> int:
+    return value - 2**32 if value >= 2**31 else value
+
+
+def key_from_lock_row(classid: int, objid: int, objsubid: int) -> int | tuple[int, int]:
+    """The advisory key of a pg_locks row (the inverse of lock_row_ids)."""
+    if objsubid == 2:
+        return _signed32(classid), _signed32(objid)
+    value = (classid << 32) | objid
+    return value - 2**64 if value >= 2**63 else value
+
+
 def lock_row_ids(db_key: int | tuple[int, int]) -> tuple[int, int, int]:
     """(classid, objid, objsubid) of ``db_key`` in pg_locks."""
     if isinstance(db_key, tuple):
@@ -200,6 +224,39 @@ class PostgreSQLBackend(LockBackend):
     def is_held(self, db_key: Any) -> bool:
         with self.connection.wrap_database_errors:
             return self.run(_IS_HELD_SQL, lock_row_ids(db_key))[0]
+
+    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
+        with self.connection.wrap_database_errors, self.connection.cursor() as cursor:
+            cursor.execute(_LIST_SQL)
+            rows = cursor.fetchall()
+        locks = []
+        for row in rows:
+            classid, objid, objsubid, mode, granted, pid, user, application, client = row[:9]
+            backend_start, xact_start, state, query, held_for, waited_for = row[9:]
+            locks.append(
+                {
+                    "db_key": key_from_lock_row(classid, objid, objsubid),
+                    "mode": "shared" if mode == "ShareLock" else "exclusive",
+                    "granted": granted,
+                    "pid": pid,
+                    "user": user,
+                    "application_name": application,
+                    "client_addr": client,
+                    "backend_start": backend_start,
+                    "transaction_start": xact_start,
+                    "state": state,
+                    "query": query,
+                    # PostgreSQL does not record when a lock was granted: this is the time
+                    # since the holder's transaction (else connection) started, an upper bound.
+                    "held_for": float(held_for) if granted and held_for is not None else None,
+                    "waited_for": float(waited_for) if waited_for is not None else None,
+                }
+            )
+        return "pg_locks", "", locks
+
+    def terminate(self, holder_id: int) -> None:
+        with self.connection.wrap_database_errors:
+            self.run("SELECT pg_terminate_backend(%s)", (holder_id,))
 
     def database_now(self) -> datetime.datetime:
         with self.connection.wrap_database_errors:

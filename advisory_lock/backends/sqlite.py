@@ -9,9 +9,11 @@ transaction.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -117,6 +119,46 @@ class SQLiteBackend(LockBackend):
             return os.stat(db_key).st_ino == os.fstat(hold.fd).st_ino
         except OSError:
             return False
+
+    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
+        """Lock files in the lock folder, with the flock holders that /proc/locks shows."""
+        folder = self.lock_dir()
+        files = {}
+        if folder.is_dir():
+            for path in folder.glob("*.lock"):
+                with contextlib.suppress(OSError):
+                    files[os.stat(path).st_ino] = str(path)
+        try:
+            proc_locks = Path("/proc/locks").read_text().splitlines()
+        except OSError:
+            return "lock files", "This OS does not tell which process holds a file lock.", []
+        locks = []
+        for line in proc_locks:
+            # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have a "->" before it.
+            fields = line.replace("->", " -> ").split()
+            waiting = "->" in fields
+            fields = [field for field in fields if field != "->"]
+            if len(fields) < 6 or fields[1] != "FLOCK":
+                continue
+            inode = int(fields[5].rsplit(":", 1)[1])
+            if inode not in files:
+                continue
+            holder = self.holder(files[inode]) or {}
+            locks.append(
+                {
+                    "db_key": files[inode],
+                    "mode": "exclusive" if fields[3] == "WRITE" else "shared",
+                    "granted": not waiting,
+                    "pid": int(fields[4]),
+                    "host": holder.get("host"),
+                    "backend_start": holder.get("since"),
+                    "held_for": holder.get("held_for") if not waiting else None,
+                }
+            )
+        return "/proc/locks", "", locks
+
+    def terminate(self, holder_id: int) -> None:
+        os.kill(holder_id, signal.SIGTERM)
 
     def database_now(self) -> datetime.datetime:
         # SQLite is a file on this host: its clock is this host's.

@@ -1,1 +1,167 @@
-"""System checks (placeholder until the checks land)."""
+"""System checks: configuration mistakes that would make locks silently unsafe."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage
+from django.core.checks import Error
+from django.core.checks import Info
+from django.core.checks import Tags
+from django.core.checks import Warning
+from django.core.checks import register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from advisory_lock.backends import BACKENDS
+from advisory_lock.conf import get_setting
+from advisory_lock.keys import make_key
+from advisory_lock.periods import ledger_time_zone
+
+POOL_MODES = ("transaction", "session")
+
+
+def lock_aliases() -> list[str]:
+    """The aliases locks are taken on: default, and those named in ADVISORY_LOCK."""
+    aliases = [DEFAULT_DB_ALIAS, *get_setting("POOL_MODE"), *get_setting("DIRECT_ALIAS").values()]
+    return [alias for alias in dict.fromkeys(aliases) if alias in settings.DATABASES]
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """ADVISORY_LOCK's values, and the engines of the aliases locks use."""
+    messages: list[CheckMessage] = []
+    try:
+        make_key("check")
+    except ImproperlyConfigured as error:
+        messages.append(Error(str(error), id="advisory_lock.E006"))
+    try:
+        ledger_time_zone()
+    except ImproperlyConfigured as error:
+        messages.append(Error(str(error), id="advisory_lock.E007"))
+    for alias, mode in get_setting("POOL_MODE").items():
+        if alias not in settings.DATABASES or mode not in POOL_MODES:
+            messages.append(
+                Error(
+                    f"ADVISORY_LOCK['POOL_MODE'][{alias!r}] = {mode!r} is not valid.",
+                    hint=f"Keys are database aliases; values are one of {POOL_MODES}.",
+                    id="advisory_lock.E004",
+                )
+            )
+    for alias, direct in get_setting("DIRECT_ALIAS").items():
+        if alias not in settings.DATABASES or direct not in settings.DATABASES:
+            messages.append(
+                Error(
+                    f"ADVISORY_LOCK['DIRECT_ALIAS'] maps {alias!r} to {direct!r}, and both must "
+                    f"be aliases in DATABASES.",
+                    hint="Add the direct alias (same database, no pooler) to DATABASES.",
+                    id="advisory_lock.E005",
+                )
+            )
+    for alias in lock_aliases():
+        messages += _check_alias(alias)
+    return messages
+
+
+def _check_alias(alias: str) -> list[CheckMessage]:
+    connection = connections[alias]
+    engine = connection.settings_dict["ENGINE"]
+    if connection.vendor not in BACKENDS:
+        return [
+            Error(
+                f"Database alias {alias!r} uses {engine!r}, which has no advisory lock support.",
+                hint="Use PostgreSQL, MySQL/MariaDB or SQLite for this alias, or take locks "
+                "with using= on one that is.",
+                id="advisory_lock.E002",
+            )
+        ]
+    backend_class = import_string(BACKENDS[connection.vendor])
+    messages: list[CheckMessage] = []
+    if problem := backend_class.pool_problem(connection.settings_dict):
+        messages.append(
+            Warning(
+                f"Database alias {alias!r}: {problem}",
+                hint='Set OPTIONS["pool"]["reset"] = '
+                "advisory_lock.backends.postgresql.reset_pooled_connection, which runs "
+                "pg_advisory_unlock_all() when a connection goes back to the pool.",
+                id="advisory_lock.W001",
+            )
+        )
+    return messages
+
+
+@register(deploy=True)
+def check_single_host(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A deployment note (``check --deploy``): SQLite's locks don't reach other hosts."""
+    return [
+        Info(
+            f"Database alias {alias!r} is SQLite: its advisory locks are files on this host, "
+            f"so they only coordinate processes on this one machine.",
+            id="advisory_lock.I001",
+        )
+        for alias in lock_aliases()
+        if connections[alias].vendor in BACKENDS
+        and import_string(BACKENDS[connections[alias].vendor]).single_host
+    ]
+
+
+@register()
+def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Two registered lock names must not map to one database key."""
+    from advisory_lock.backends import get_backend
+    from advisory_lock.commands import declared_lock_names
+
+    names = list(dict.fromkeys([*get_setting("NAMES"), *declared_lock_names()]))
+    messages: list[CheckMessage] = []
+    for alias in lock_aliases():
+        if connections[alias].vendor not in BACKENDS:
+            continue
+        backend = get_backend(connections[alias])
+        by_key: dict[Any, list[str]] = defaultdict(list)
+        for name in names:
+            try:
+                by_key[backend.db_key(make_key(name))].append(name)
+            except (TypeError, ValueError, ImproperlyConfigured) as error:
+                messages.append(
+                    Error(
+                        f"Lock name {name!r} is not a valid key: {error}", id="advisory_lock.E008"
+                    )
+                )
+        for db_key, colliding in by_key.items():
+            if len(colliding) > 1:
+                messages.append(
+                    Error(
+                        f"Lock names {', '.join(map(repr, colliding))} map to the same key "
+                        f"{db_key!r} on database {alias!r}: they would exclude each other.",
+                        hint="Rename one of them (or set a distinct NAMESPACE per app).",
+                        id="advisory_lock.E001",
+                    )
+                )
+    return messages
+
+
+@register(Tags.database)
+def check_clusters(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Galera (MariaDB Galera, Percona XtraDB Cluster) does not share GET_LOCK across nodes."""
+    from advisory_lock.backends import get_backend
+
+    messages: list[CheckMessage] = []
+    for alias in databases or []:
+        if alias not in lock_aliases() or connections[alias].vendor not in BACKENDS:
+            continue
+        if problem := get_backend(connections[alias]).cluster_problem():
+            messages.append(
+                Error(
+                    problem,
+                    hint="Take locks on a single-node database (a DIRECT_ALIAS to one node "
+                    "used by every instance), or use PostgreSQL.",
+                    id="advisory_lock.E003",
+                )
+            )
+    return messages

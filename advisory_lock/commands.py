@@ -270,3 +270,27 @@ def _raise_in_thread(thread_id: int, lock: DedicatedLock) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(LockLost)
     )
+
+
+def declared_lock_names() -> list[str]:
+    """The static keys of this project's single-instance commands (callable keys excluded)."""
+    from django.core.management import get_commands
+    from django.core.management import load_command_class
+
+    names = []
+    for command_name, app_name in get_commands().items():
+        if isinstance(app_name, BaseCommand):  # an already loaded command
+            command_class: type = type(app_name)
+        else:
+            try:
+                command_class = type(load_command_class(app_name, command_name))
+            except Exception:  # a broken command is not ours to report here
+                continue
+        if not issubclass(command_class, SingleInstanceMixin):
+            continue
+        key = inspect.getattr_static(command_class, "lock_key")
+        if key is None:
+            names.append(f"command:{_command_label(command_class)}")
+        elif isinstance(key, str):
+            names.append(key)
+    return names

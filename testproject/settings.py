@@ -44,7 +44,7 @@ TEMPLATES = [
 ]
 DATABASES = {
     "default": parse(
-        os.environ.get("DATABASE_URL", "sqlite://"), default_sqlite=BASE_DIR / "demo.sqlite3"
+        os.environ.get("DATABASE_URL") or "sqlite://", default_sqlite=BASE_DIR / "demo.sqlite3"
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

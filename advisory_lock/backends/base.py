@@ -30,6 +30,8 @@ class LockBackend:
     supports_shared: ClassVar[bool] = True
     #: The database releases locks itself when the transaction ends (PostgreSQL's xact locks).
     native_transaction_scope: ClassVar[bool] = False
+    #: Locks only coordinate processes on this host (SQLite's file locks).
+    single_host: ClassVar[bool] = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -104,6 +106,15 @@ class LockBackend:
     def terminate(self, holder_id: int) -> None:
         """End the holder's connection (pg_terminate_backend / KILL), which frees its locks."""
         raise NotImplementedError
+
+    def cluster_problem(self) -> str | None:
+        """Why locks can't work on this server across a cluster's nodes (asks the server)."""
+        return None
+
+    @classmethod
+    def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:
+        """Why a connection pool configured in ``settings_dict`` could leak locks, or None."""
+        return None
 
     @classmethod
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:

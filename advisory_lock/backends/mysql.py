@@ -186,6 +186,21 @@ class MySQLBackend(LockBackend):
             holder.update(user=user, client_addr=host, state=state, in_state_for=float(seconds))
         return holder
 
+    def cluster_problem(self) -> str | None:
+        with self.connection.cursor() as cursor:
+            try:
+                cursor.execute("SELECT @@wsrep_on")
+            except self.connection.Database.Error:
+                return None  # no such variable: not a Galera-based server
+            (wsrep_on,) = cursor.fetchone()
+        if not wsrep_on:
+            return None
+        return (
+            f"{self.describe()} is a Galera cluster node (wsrep_on = ON: MariaDB Galera or "
+            f"Percona XtraDB Cluster). GET_LOCK locks are local to one node and not replicated, "
+            f"so two instances on two nodes can both hold the same lock."
+        )
+
     def _is_mariadb(self) -> bool:
         # From the handshake, not Django's mysql_is_mariadb (which may run a query).
         if self.connection.connection is None:

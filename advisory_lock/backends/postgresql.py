@@ -282,6 +282,18 @@ class PostgreSQLBackend(LockBackend):
         }
 
     @classmethod
+    def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:
+        pool = settings_dict.get("OPTIONS", {}).get("pool")
+        if not pool:
+            return None
+        if isinstance(pool, dict) and pool.get("reset") is reset_pooled_connection:
+            return None
+        return (
+            "Django's PostgreSQL connection pool hands a connection to the next borrower with "
+            "whatever advisory session locks the last one left on it."
+        )
+
+    @classmethod
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
         settings_dict = super().dedicated_settings(settings_dict, label)
         options = settings_dict.setdefault("OPTIONS", {})

@@ -43,6 +43,7 @@ class _Hold:
 
 class SQLiteBackend(LockBackend):
     vendor = "sqlite"
+    single_host = True
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)

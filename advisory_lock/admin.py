@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db import DEFAULT_DB_ALIAS
+from django.db import DatabaseError
+from django.db import connections
+from django.db.models import Q
 from django.http import HttpRequest
+from django.http import HttpResponse
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.urls import reverse
 from django.utils.html import format_html
 
+from advisory_lock.backends import BACKENDS
+from advisory_lock.backends import get_backend
+from advisory_lock.inspect import HeldLock
+from advisory_lock.inspect import held_locks
 from advisory_lock.models import JobRun
+
+logger = logging.getLogger("advisory_lock")
 
 STATUS_COLOURS = {
     JobRun.Status.RUNNING: "#1565c0",
@@ -61,3 +79,94 @@ class JobRunAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    # The "Advisory locks" page: the live table of held and awaited locks.
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("locks/", view(self.locks_view), name="advisory_lock_jobrun_locks"),
+            path(
+                "locks/terminate/<int:holder_id>/",
+                view(self.terminate_view),
+                name="advisory_lock_jobrun_terminate",
+            ),
+            *super().get_urls(),
+        ]
+
+    def locks_view(self, request: HttpRequest) -> HttpResponse:
+        """Who holds which lock: for staff with the view permission on job runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        using = self._alias(request)
+        context = {**self.admin_site.each_context(request), "title": "Advisory locks"}
+        try:
+            locks = held_locks(using)
+        except DatabaseError as error:
+            context.update(using=using, rows=[], error=f"The database did not answer: {error}")
+            return TemplateResponse(request, "admin/advisory_lock/locks.html", context)
+        context.update(
+            using=using,
+            aliases=_lock_aliases(),
+            source=locks.source,
+            note=locks.note,
+            rows=_rows_with_runs(locks, using),
+            is_superuser=request.user.is_superuser,
+            opts=self.model._meta,
+        )
+        return TemplateResponse(request, "admin/advisory_lock/locks.html", context)
+
+    def terminate_view(self, request: HttpRequest, holder_id: int) -> HttpResponse:
+        """End a holder's connection, after a confirmation: superusers only, and logged."""
+        if not request.user.is_superuser:
+            raise PermissionDenied
+        using = self._alias(request)
+        backend = get_backend(connections[using])
+        if request.method != "POST":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Terminate a lock holder?",
+                "holder_id": holder_id,
+                "using": using,
+                "how": backend.describe(),
+            }
+            return TemplateResponse(request, "admin/advisory_lock/terminate.html", context)
+        backend.terminate(holder_id)
+        logger.warning(
+            "Admin user %r terminated lock holder %s on database %r.",
+            request.user.get_username(),
+            holder_id,
+            using,
+        )
+        messages.success(request, f"Terminated holder {holder_id} on database {using!r}.")
+        return HttpResponseRedirect(f"{reverse('admin:advisory_lock_jobrun_locks')}?using={using}")
+
+    @staticmethod
+    def _alias(request: HttpRequest) -> str:
+        using = request.POST.get("using") or request.GET.get("using") or DEFAULT_DB_ALIAS
+        if using not in _lock_aliases():
+            raise PermissionDenied  # not an alias with locks: nothing to show
+        return using
+
+
+def _lock_aliases() -> list[str]:
+    return [alias for alias in connections if connections[alias].vendor in BACKENDS]
+
+
+def _rows_with_runs(locks: list[HeldLock], using: str) -> list[dict[str, Any]]:
+    """Each lock with the latest JobRun made under it (by lock name, or job:<job_name>)."""
+    names = [lock.name for lock in locks if lock.name]
+    jobs = [name.removeprefix("job:") for name in names if name.startswith("job:")]
+    latest: dict[str, JobRun] = {}
+    if names:
+        runs = JobRun.objects.using(using).filter(Q(lock_key__in=names) | Q(job_name__in=jobs))
+        for run in runs.order_by("-started_at")[:500]:
+            latest.setdefault(run.lock_key or f"job:{run.job_name}", run)
+    return [
+        {
+            "lock": lock,
+            "run": latest.get(lock.name or ""),
+            "seconds": lock.held_for if lock.granted else lock.waited_for,
+        }
+        for lock in locks
+    ]

@@ -92,3 +92,90 @@ def test_the_changelist_runs_a_fixed_number_of_queries_however_many_runs(client,
         assert client.get(CHANGELIST, params).status_code == 200
     assert len(many) == len(few)
     assert len(few) <= 10
+
+
+# The "Advisory locks" page.
+
+LOCKS = "/admin/advisory_lock/jobrun/locks/"
+
+
+def test_the_changelist_links_to_the_locks_page(client, runs):
+    client.force_login(staff("viewer", "view_jobrun"))
+    assert LOCKS in client.get(CHANGELIST).content.decode()
+
+
+def test_the_locks_page_needs_login_and_the_view_permission(client):
+    assert client.get(LOCKS).status_code == 302
+    client.force_login(staff("nobody"))
+    assert client.get(LOCKS).status_code == 403
+
+
+@pytest.mark.django_db(databases=["default", "postgresql"])
+@pytest.mark.parametrize("alias", ["default", "postgresql"])
+def test_the_locks_page_shows_the_holder_and_the_latest_run(client, alias):
+    from tests.test_locks import held_elsewhere
+
+    JobRun.objects.using(alias).create(
+        job_name="nightly_report",
+        period="2026-11-29",
+        started_at=NOW,
+        lock_key="job:nightly_report",
+    )
+    client.force_login(staff("viewer", "view_jobrun"))
+    with held_elsewhere("job:nightly_report", alias):
+        page = client.get(LOCKS, {"using": alias}).content.decode()
+    assert "job:nightly_report" in page and "held" in page
+    assert "nightly_report [2026-11-29] running" in page  # the latest JobRun under that lock
+    assert "Terminate holder" not in page and "<th>Query</th>" not in page
+
+
+@pytest.mark.django_db(databases=["default", "postgresql"])
+def test_superusers_see_the_query_and_can_terminate_the_holder_after_confirming(client):
+    import threading
+
+    from tests.probes import in_other_connection
+    from tests.probes import is_free
+    from tests.servers import backend_id
+
+    admin = User.objects.create_superuser("root", password="pw")
+    client.force_login(admin)
+    held, stop, pid = threading.Event(), threading.Event(), {}
+
+    def holder():
+        from advisory_lock import advisory_lock
+
+        try:
+            with advisory_lock("stuck-job", using="postgresql"):
+                pid["value"] = backend_id("postgresql")
+                held.set()
+                stop.wait(20)
+        except Exception as exc:
+            pid["error"] = exc  # LockLost once terminated
+
+    thread = threading.Thread(target=lambda: in_other_connection(holder))
+    thread.start()
+    try:
+        assert held.wait(10)
+        page = client.get(LOCKS, {"using": "postgresql"}).content.decode()
+        assert "<th>Query</th>" in page and "Terminate holder" in page
+        terminate = f"{LOCKS}terminate/{pid['value']}/"
+        confirm = client.get(terminate, {"using": "postgresql"}).content.decode()
+        assert "Yes, terminate it" in confirm
+        assert not is_free("stuck-job", "postgresql")  # a GET changes nothing
+        response = client.post(terminate, {"using": "postgresql"})
+        assert response.status_code == 302
+        assert is_free("stuck-job", "postgresql")
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_staff_who_are_not_superusers_cannot_terminate(client):
+    client.force_login(staff("viewer", "view_jobrun"))
+    assert client.post(f"{LOCKS}terminate/1/", {"using": "default"}).status_code == 403
+    assert client.get(f"{LOCKS}terminate/1/").status_code == 403
+
+
+def test_an_unknown_alias_is_refused(client):
+    client.force_login(staff("viewer", "view_jobrun"))
+    assert client.get(LOCKS, {"using": "nope"}).status_code == 403

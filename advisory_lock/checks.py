@@ -113,18 +113,23 @@ def check_single_host(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Two registered lock names must not map to one database key."""
     from advisory_lock.backends import get_backend
-    from advisory_lock.commands import declared_lock_names
+    from advisory_lock.inspect import registered_keys
 
-    names = list(dict.fromkeys([*get_setting("NAMES"), *declared_lock_names()]))
+    try:
+        keys = registered_keys()
+    except (TypeError, ValueError) as error:
+        message = f"ADVISORY_LOCK['NAMES'] is not valid: {error}"
+        hint = "A list of names, or a dict of names to keys."
+        return [Error(message, hint=hint, id="advisory_lock.E008")]
     messages: list[CheckMessage] = []
     for alias in lock_aliases():
         if connections[alias].vendor not in BACKENDS:
             continue
         backend = get_backend(connections[alias])
         by_key: dict[Any, list[str]] = defaultdict(list)
-        for name in names:
+        for name, key in keys.items():
             try:
-                by_key[backend.db_key(make_key(name))].append(name)
+                by_key[backend.db_key(make_key(key))].append(name)
             except (TypeError, ValueError, ImproperlyConfigured) as error:
                 messages.append(
                     Error(

@@ -60,24 +60,39 @@ def held_locks(using: str | None = None) -> HeldLocks:
     using = using or DEFAULT_DB_ALIAS
     backend = get_backend(connections[using])
     names = {}
-    for name in known_names(using):
+    for name, key in known_keys(using).items():
         with contextlib.suppress(ValueError, TypeError):
-            names.setdefault(backend.db_key(make_key(name)), name)
+            names.setdefault(backend.db_key(make_key(key)), name)
     source, note, rows = backend.list_locks(names)
     locks = [HeldLock(name=names.get(_hashable(row["db_key"])), **row) for row in rows]
     return HeldLocks(locks, using=using, source=source, note=note)
 
 
-def known_names(using: str | None = None) -> list[str]:
-    """Lock names this project knows: ADVISORY_LOCK["NAMES"], single-instance commands,
-    the ledger's recent jobs, and names used in this process lately."""
+def registered_keys() -> dict[str, Any]:
+    """Names declared up front: ADVISORY_LOCK["NAMES"] and single-instance commands' keys.
+
+    ``NAMES`` is a list of string keys, or a dict of names to keys (a str, an int or an int
+    pair), which names keys that other code takes by number, e.g. ``{"legacy-import": 42}``.
+    """
     from advisory_lock.commands import declared_lock_names
 
-    names = [*get_setting("NAMES"), *declared_lock_names()]
+    configured = get_setting("NAMES")
+    keys = dict(configured) if isinstance(configured, dict) else {n: n for n in configured}
+    for name in declared_lock_names():
+        keys.setdefault(name, name)
+    return keys
+
+
+def known_keys(using: str | None = None) -> dict[str, Any]:
+    """Every name this process knows, with its key: the registered ones, the ledger's
+    recent jobs, and names used in this process lately."""
+    keys = registered_keys()
     with contextlib.suppress(DatabaseError, LookupError):
-        names += ledger_lock_names(using)
-    names += recent_names()
-    return list(dict.fromkeys(name for name in names if isinstance(name, str)))
+        for name in ledger_lock_names(using):
+            keys.setdefault(name, name)
+    for name in recent_names():
+        keys.setdefault(name, name)
+    return keys
 
 
 def ledger_lock_names(using: str | None = None, recent: int = 1000) -> list[str]:

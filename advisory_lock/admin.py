@@ -40,7 +40,7 @@ STATUS_COLOURS = {
 class JobRunAdmin(admin.ModelAdmin):
     """The audit trail: who ran which job in which slot. Nothing to add or edit."""
 
-    list_display = ["job_name", "period", "status_badge", "started_at", "duration", "host", "pid"]
+    list_display = ["job_name", "period", "status_badge", "started_at", "took", "host", "pid"]
     list_filter = ["status", "job_name"]
     search_fields = ["job_name"]
     date_hierarchy = "started_at"
@@ -69,6 +69,13 @@ class JobRunAdmin(admin.ModelAdmin):
             STATUS_COLOURS[run.status],
             run.status,
         )
+
+    @admin.display(description="duration", ordering="duration")
+    def took(self, run: JobRun) -> str:
+        if run.duration is None:
+            return "-"
+        seconds = run.duration.total_seconds()
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     @admin.display(description="traceback")
     def traceback(self, run: JobRun) -> str:

@@ -24,6 +24,7 @@ class HeldLock:
     db_key: Any
     name: str | None
     mode: str
+    key_text: str
     granted: bool
     pid: int | None = None
     connection_id: int | None = None
@@ -64,7 +65,14 @@ def held_locks(using: str | None = None) -> HeldLocks:
         with contextlib.suppress(ValueError, TypeError):
             names.setdefault(backend.db_key(make_key(key)), name)
     source, note, rows = backend.list_locks(names)
-    locks = [HeldLock(name=names.get(_hashable(row["db_key"])), **row) for row in rows]
+    locks = [
+        HeldLock(
+            name=names.get(_hashable(row["db_key"])),
+            key_text=backend.display_key(row["db_key"]),
+            **row,
+        )
+        for row in rows
+    ]
     return HeldLocks(locks, using=using, source=source, note=note)
 
 

@@ -60,6 +60,10 @@ class LockBackend:
         """
         raise NotImplementedError
 
+    def display_key(self, db_key: Any) -> str:
+        """``db_key`` as people read it (SQLite: the file name, not its folder)."""
+        return str(db_key)
+
     def release_all(self) -> None:
         """Release every session lock this holder has (the end-of-request safety net)."""
         raise NotImplementedError

@@ -62,6 +62,9 @@ class SQLiteBackend(LockBackend):
         name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")
         return str(self.lock_dir() / f"{name}.lock")
 
+    def display_key(self, db_key: Any) -> str:
+        return os.path.basename(db_key)
+
     def holder_token(self) -> object:
         # The file lock does not depend on the SQLite connection staying open.
         return self

@@ -12,7 +12,7 @@ from advisory_lock.inspect import held_locks
 
 COLUMNS = [
     ("name", "name"),
-    ("key", "db_key"),
+    ("key", "key_text"),
     ("mode", "mode"),
     ("state", "granted"),
     ("holder", "holder_id"),

@@ -127,7 +127,10 @@ class JobRun(models.Model):
         indexes = [
             models.Index(fields=["-started_at"], name="job_runs_started_idx"),
             models.Index(fields=["status", "-started_at"], name="job_runs_status_started_idx"),
-            models.Index(fields=["job_name", "-started_at"], name="job_runs_job_started_idx"),
+            # Serves the admin's job filter, job + status, and their counts (index-only).
+            models.Index(
+                fields=["job_name", "status", "-started_at"], name="job_runs_job_status_idx"
+            ),
         ]
 
     def __str__(self) -> str:

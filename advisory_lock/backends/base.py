@@ -6,6 +6,7 @@ import contextlib
 import copy
 import datetime
 import time
+import weakref
 from typing import Any
 from typing import ClassVar
 
@@ -35,8 +36,9 @@ class LockBackend:
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
-        self._raw: Any = None
-        self._cursor: Any = None
+        # The driver connection we last ran on, weakly: a connection that Django closed or
+        # returned to a pool must not be kept open by us.
+        self._raw_ref: weakref.ref[Any] | None = None
         #: Session locks taken through advisory_lock() and not yet released: db_key -> holds.
         self.session_holds: dict[Any, int] = {}
 
@@ -77,6 +79,11 @@ class LockBackend:
                 raw.close()  # first, so that a pool discards it instead of lending it again
         with contextlib.suppress(DatabaseError):
             self.connection.close()
+        self.session_holds.clear()
+
+    def new_driver_connection(self) -> None:
+        """Statements now run on another driver connection: what we knew of the last is void
+        (its session locks died with it, or its pool's reset dropped them)."""
         self.session_holds.clear()
 
     def holder_token(self) -> object:
@@ -148,9 +155,14 @@ class LockBackend:
         if connection.connection is None:
             connection.ensure_connection()
         raw = connection.connection
-        if raw is not self._raw:
-            self._raw, self._cursor = raw, raw.cursor()
-        cursor = self._cursor
+        if self._raw_ref is None or self._raw_ref() is not raw:
+            self._raw_ref = weakref.ref(raw)
+            self.new_driver_connection()
+        try:
+            # Cached on the driver connection, so that it lives exactly as long.
+            cursor = raw._advisory_lock_cursor
+        except AttributeError:
+            cursor = raw._advisory_lock_cursor = raw.cursor()
         if not connection.queries_logged:
             cursor.execute(sql, params)
             return cursor.fetchone() if cursor.description else None

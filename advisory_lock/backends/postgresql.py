@@ -18,6 +18,7 @@ from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import pooler_advice
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
+from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import LockKey
 
 
@@ -28,27 +29,43 @@ def _function(*, try_: bool, xact: bool, shared: bool) -> str:
     )
 
 
-# (try, xact, shared, pair) → the statement. Built once from fixed names; keys are parameters.
-# Session-lock statements also return pg_backend_pid(), in the same round trip: a server pid
-# that changes under one client connection means a transaction-mode pooler (PgBouncer).
+def _call(function: str, *, pair: bool, guarded: bool) -> str:
+    call = f"{function}({'%s::integer, %s::integer' if pair else '%s::bigint'})"
+    # Guarded: run only on the server connection we expect (its pid is the first parameter).
+    return f"CASE WHEN pg_backend_pid() = %s THEN {call} END" if guarded else call
+
+
+# (try, xact, shared, pair, guarded) → the statement. Built once from fixed names; keys are
+# parameters. Session-lock statements also return pg_backend_pid(), in the same round trip:
+# a server pid that changes under one client connection means a transaction-mode pooler
+# (PgBouncer). Once the pid is known, they run only on that server connection, so a pooler
+# that moved us can't make us take a lock nobody will release, or release someone else's.
 _LOCK_SQL = {
-    (try_, xact, shared, pair): (
-        f"SELECT {_function(try_=try_, xact=xact, shared=shared)}"
-        f"({'%s::integer, %s::integer' if pair else '%s::bigint'})"
-        f"{'' if xact else ', pg_backend_pid()'}"
+    (try_, xact, shared, pair, guarded): (
+        "SELECT "
+        + _call(_function(try_=try_, xact=xact, shared=shared), pair=pair, guarded=guarded)
+        + ("" if xact else ", pg_backend_pid()")
     )
     for try_ in (False, True)
     for xact in (False, True)
     for shared in (False, True)
     for pair in (False, True)
+    for guarded in (False, True)
+    if not (xact and guarded)
 }
 _UNLOCK_SQL = {
-    (shared, pair): (
-        f"SELECT pg_advisory_unlock{'_shared' if shared else ''}"
-        f"({'%s::integer, %s::integer' if pair else '%s::bigint'}), pg_backend_pid()"
+    (shared, pair, guarded): (
+        "SELECT "
+        + _call(
+            "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock",
+            pair=pair,
+            guarded=guarded,
+        )
+        + ", pg_backend_pid()"
     )
     for shared in (False, True)
     for pair in (False, True)
+    for guarded in (False, True)
 }
 # A bounded wait in autocommit mode: set_config(..., true) lasts for this statement's own
 # transaction only. The sub-select runs first: it holds a volatile function, so the planner
@@ -124,8 +141,12 @@ class PostgreSQLBackend(LockBackend):
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
-        self._pid_connection: Any = None
+        # The server pid behind the current driver connection, once a statement told us.
         self._server_pid: int | None = None
+
+    def new_driver_connection(self) -> None:
+        super().new_driver_connection()
+        self._server_pid = None
 
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
         return key.as_int64()
@@ -135,7 +156,10 @@ class PostgreSQLBackend(LockBackend):
     ) -> bool:
         pair = isinstance(db_key, tuple)
         params = db_key if pair else (db_key,)
-        variant = (timeout == 0, transaction, shared, pair)
+        guard = None if transaction else self._known_server_pid()
+        if guard is not None:
+            params = (guard, *params)
+        variant = (timeout == 0, transaction, shared, pair, guard is not None)
         with self.connection.wrap_database_errors:
             try:
                 if timeout is None or timeout == 0:
@@ -152,11 +176,12 @@ class PostgreSQLBackend(LockBackend):
                     f"(max_connections + max_prepared_transactions) slots. Release locks you "
                     f"no longer need, or raise max_locks_per_transaction."
                 ) from exc
-        if row is None or row[0] is False:
-            return False
-        if not transaction:
-            self._check_server_pid(row[1], "took")
-        return True
+        if row is None:
+            return False  # the bounded wait ran out
+        if not transaction and not self._same_server(row[1]):
+            # The guard kept the statement from locking anything on this other connection.
+            raise NotSupportedError(self.session_lock_problem())
+        return row[0] is not False
 
     def _bounded_wait(
         self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float
@@ -179,33 +204,41 @@ class PostgreSQLBackend(LockBackend):
 
     def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
         pair = isinstance(db_key, tuple)
+        params = db_key if pair else (db_key,)
+        guard = self._known_server_pid()
+        if guard is not None:
+            params = (guard, *params)
         with self.connection.wrap_database_errors:
-            row = self.run(_UNLOCK_SQL[shared, pair], db_key if pair else (db_key,))
+            row = self.run(_UNLOCK_SQL[shared, pair, guard is not None], params)
             raw = self.connection.connection
             if after_rollback and raw.info.transaction_status == TransactionStatus.INTRANS:
                 # Django has rolled back but not yet switched autocommit back on; psycopg
                 # opened a transaction for the unlock, which must not be left open.
                 raw.commit()
-        self._check_server_pid(row[1], "released")
+        if not self._same_server(row[1]):
+            raise LockLost(
+                f"The lock was taken on server pid {guard} of {self.describe()}, and the "
+                f"release reached pid {row[1]}: a transaction-mode pooler (PgBouncer) is in "
+                f"between. The lock stays held by pid {guard} until that server connection "
+                f"closes. {pooler_advice(self.connection.alias)}"
+            )
         return bool(row[0])
 
-    def _check_server_pid(self, pid: int, action: str) -> None:
-        """Remember the server pid of this client connection; a change reveals a pooler."""
-        raw = self.connection.connection
-        if self._pid_connection is not raw:
-            self._pid_connection, self._server_pid = raw, pid
-            return
-        if pid == self._server_pid:
-            return
-        previous, self._server_pid = self._server_pid, pid
+    def _known_server_pid(self) -> int | None:
+        """The server pid of the current driver connection, if a statement told us yet."""
+        if self.connection.connection is None:
+            self.connection.ensure_connection()
+        if self._raw_ref is None or self._raw_ref() is not self.connection.connection:
+            return None  # a new driver connection: run() will reset what we knew
+        return self._server_pid
+
+    def _same_server(self, pid: int) -> bool:
+        """Note the server pid a statement ran on; False if it moved (a pooler)."""
+        if self._server_pid is None or pid == self._server_pid:
+            self._server_pid = pid
+            return True
         POOLED_ALIASES.add(self.connection.alias)
-        raise LockLost(
-            f"On {self.describe()} this client connection's statements ran on server "
-            f"pid {previous}, then pid {pid}: a transaction-mode pooler (PgBouncer) is in "
-            f"between. This statement {action} the lock on pid {pid}, so the lock is not where "
-            f"it should be (a lock left on a server connection stays held until that server "
-            f"connection closes). {pooler_advice(self.connection.alias)}"
-        )
+        return False
 
     def session_lock_problem(self) -> str | None:
         if self.connection.alias in POOLED_ALIASES:

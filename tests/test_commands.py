@@ -221,3 +221,37 @@ def test_on_lost_callable_is_called_in_place_of_raising(using):
     Command.__module__ = "tests.test_commands"
     Command().execute(stdout=None, stderr=None, skip_checks=True, no_color=True, force_color=False)
     assert len(calls) == 1 and "was lost" in calls[0]
+
+
+def test_a_busy_instance_costs_one_connection_and_at_most_two_statements(using):
+    from advisory_lock.locks import DedicatedLock
+    from tests.test_locks import held_elsewhere
+
+    with held_elsewhere("command:lockapp.costly", using):
+        lock = DedicatedLock("command:lockapp.costly", using=using, label="lockapp.costly")
+        lock.connection.force_debug_cursor = True
+        assert not lock.acquire(0)
+        message = lock.busy_message()
+    # Ours: the try, then who holds it (SQLite: neither is SQL; the holder is in the lock
+    # file). Django's own set-up of a new MySQL connection (server version, isolation level)
+    # is not counted.
+    statements = [q["sql"] for q in lock.connection.queries_log if "LOCK" in q["sql"].upper()]
+    assert len(statements) == {"default": 0, "postgresql": 2, "mysql": 2}[using], statements
+    assert len(lock.connection.queries_log) - len(statements) <= 2
+    assert " by pid " in message or " by connection id " in message
+
+
+def test_the_watchdog_check_is_one_statement(using):
+    from advisory_lock.locks import DedicatedLock
+
+    lock = DedicatedLock("command:lockapp.watched", using=using, label="lockapp.watched")
+    try:
+        assert lock.acquire(0)
+        lock.connection.force_debug_cursor = True
+        assert lock.backend.is_held(lock.db_key) is True
+        assert (
+            len(lock.connection.queries_log) == {"default": 0, "postgresql": 1, "mysql": 1}[using]
+        )
+    finally:
+        lock.release()
+    assert is_free("command:lockapp.watched", using)

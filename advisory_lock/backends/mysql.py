@@ -172,17 +172,18 @@ class MySQLBackend(LockBackend):
         return now.replace(tzinfo=datetime.timezone.utc)
 
     def holder(self, db_key: Any) -> dict[str, Any] | None:
+        # One statement: the holder's connection id, and what the processlist tells of it.
         with self.connection.wrap_database_errors:
-            (connection_id,) = self.run("SELECT IS_USED_LOCK(%s)", (db_key,))
-            if connection_id is None:
-                return None
             row = self.run(
-                "SELECT USER, HOST, TIME, STATE FROM information_schema.PROCESSLIST WHERE ID = %s",
-                (connection_id,),
+                "SELECT IS_USED_LOCK(%s), p.USER, p.HOST, p.TIME, p.STATE FROM (SELECT 1) AS _d "
+                "LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = IS_USED_LOCK(%s)",
+                (db_key, db_key),
             )
+        connection_id, user, host, seconds, state = row
+        if connection_id is None:
+            return None
         holder: dict[str, Any] = {"connection_id": connection_id}
-        if row is not None:
-            user, host, seconds, state = row
+        if user is not None:
             holder.update(user=user, client_addr=host, state=state, in_state_for=float(seconds))
         return holder
 

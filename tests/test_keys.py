@@ -132,3 +132,39 @@ def test_long_names_lock_on_mysql(using):
     with advisory_lock("a-very-long-job-name-" * 10, using=using):
         assert not is_free("a-very-long-job-name-" * 10, using)
         assert is_free("a-very-long-job-name-" * 9 + "b-very-long-job-name-", using)
+
+
+# Properties of the derivation, over generated names.
+
+from hypothesis import given  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+names = st.text(min_size=1, max_size=300).filter(lambda name: name.strip())
+utf8_names = names.filter(lambda name: not any(0xD800 <= ord(c) <= 0xDFFF for c in name))
+
+
+@given(utf8_names)
+def test_string_keys_are_stable_in_range_and_namespaced(name):
+    key = make_key(name, namespace="app-a")
+    digest = hashlib.sha256(f"app-a:{name}".encode()).digest()
+    assert key.as_int64() == int.from_bytes(digest[:8], "big", signed=True)
+    assert -(2**63) <= key.as_int64() < 2**63
+    assert key.as_int64() != make_key(name, namespace="app-b").as_int64()
+
+
+@given(st.sets(utf8_names.map(lambda name: name[:120]), min_size=50, max_size=200))
+@hypothesis_settings(max_examples=200, deadline=None)
+def test_shortened_names_never_collide_and_fit(generated):
+    # With each name's upper- and lower-case forms too: MySQL 8 folds case, MariaDB doesn't.
+    variants = generated | {name.upper() for name in generated} | {n.lower() for n in generated}
+    shortened = {shorten(f"test_advisory_lock/tests:{name}", 64) for name in variants}
+    assert len(shortened) == len(variants)
+    assert all(len(name) <= 64 and name.isascii() for name in shortened)
+    # Two different names never compare equal case-insensitively either (MySQL 8).
+    assert len({name.lower() for name in shortened}) == len(variants)
+
+
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.:-", min_size=1, max_size=40))
+def test_plain_short_names_are_kept_readable(name):
+    assert shorten(name, 64) == name

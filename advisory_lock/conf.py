@@ -1,10 +1,11 @@
-"""The ``ADVISORY_LOCK`` setting, read lazily so that tests can override it."""
+"""The ``ADVISORY_LOCK`` setting, read lazily (and again when a test overrides it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Prefix of every string key, so that two apps sharing a database don't collide.
@@ -17,11 +18,28 @@ DEFAULTS: dict[str, Any] = {
     "POOL_MODE": {},
     # {alias: direct alias}: where commands and the ledger take session locks instead.
     "DIRECT_ALIAS": {},
-    # Lock names to show in inspection and check for collisions (besides those in use).
+    # Lock names to show in inspection and check for collisions: a list, or {name: key}.
     "NAMES": [],
 }
+_cache: dict[str, Any] = {}
 
 
 def get_setting(name: str) -> Any:
-    """Return ``settings.ADVISORY_LOCK[name]``, or its documented default."""
-    return getattr(settings, "ADVISORY_LOCK", {}).get(name, DEFAULTS[name])
+    """Return ``settings.ADVISORY_LOCK[name]``, or its documented default.
+
+    Cached: a lock is taken on a hot path, and a missing ADVISORY_LOCK setting would
+    otherwise raise (and catch) an AttributeError on every read.
+    """
+    try:
+        return _cache[name]
+    except KeyError:
+        value = _cache[name] = getattr(settings, "ADVISORY_LOCK", {}).get(name, DEFAULTS[name])
+        return value
+
+
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ADVISORY_LOCK":
+        _cache.clear()
+
+
+setting_changed.connect(_clear_cache, dispatch_uid="advisory_lock.conf")

@@ -53,7 +53,7 @@ def recent_names() -> list[str]:
     return list(_recent_names)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LockKey:
     """A validated key: ``value`` as given, ``namespace`` for string keys."""
 

@@ -40,7 +40,7 @@ SCOPES = ("auto", "session", "transaction")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass
+@dataclass(slots=True)
 class LockHandle:
     """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy."""
 
@@ -54,6 +54,7 @@ class LockHandle:
     acquired_at: float | None = None
     lock_key: LockKey | None = field(default=None, repr=False)
     _token: object = field(default=None, repr=False)
+    _backend: LockBackend | None = field(default=None, repr=False)
 
     def __bool__(self) -> bool:
         return self.acquired
@@ -130,6 +131,7 @@ class AdvisoryLock:
             acquired_at=now if acquired else None,
             lock_key=self.lock_key,
             _token=backend.holder_token(),
+            _backend=backend,
         )
         if not acquired:
             logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
@@ -146,12 +148,13 @@ class AdvisoryLock:
                     f"skip the work when the lock is busy."
                 )
         else:
-            _send(signals.lock_acquired, self, handle)
+            if signals.lock_acquired.receivers:
+                _send(signals.lock_acquired, self, handle)
             if scope == "session":
                 backend.session_holds[db_key] = backend.session_holds.get(db_key, 0) + 1
             elif not native:
                 _release_at_transaction_end(backend, handle, after_rollback=False)
-            elif signals.lock_released.has_listeners():
+            elif signals.lock_released.receivers:
                 _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
         try:
             self._local.handles.append(handle)
@@ -162,7 +165,7 @@ class AdvisoryLock:
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         handle = self._local.handles.pop()
         if handle.acquired and handle.scope == "session":
-            backend = get_backend(connections[self.using])
+            backend = handle._backend
             holds = backend.session_holds
             if holds.get(handle.db_key, 0) > 1:
                 holds[handle.db_key] -= 1
@@ -267,17 +270,17 @@ def _release_session_lock(
     backend: LockBackend, handle: LockHandle, exc: BaseException | None, sender: object
 ) -> None:
     """Release on the connection that took the lock; never leave it in an unknown state."""
-    label = handle.lock_key.label
     if backend.holder_token() is not handle._token:
         # The connection that held the lock was closed during the block: the database
         # dropped the lock then, so the block did not run under it to the end.
+        label = handle.lock_key.label
         message = (
             f"Lock {label} on database {handle.using!r} was lost during the block: the "
             f"connection holding it was closed."
         )
         _lost(sender, handle, exc, message)
         return
-    if backend.transaction_is_aborted():
+    if backend.connection.in_atomic_block and backend.transaction_is_aborted():
         # PostgreSQL refuses every statement (25P02) until the rollback: release right after.
         _release_at_transaction_end(backend, handle, after_rollback=True)
         return
@@ -290,6 +293,7 @@ def _release_session_lock(
         # The release could not run: close the connection so that the database drops the lock
         # and nobody reuses a connection whose locks are in an unknown state.
         backend.discard_connection()
+        label = handle.lock_key.label
         message = (
             f"Releasing lock {label} on database {handle.using!r} failed ({error}); the "
             f"connection was closed, which releases it."
@@ -297,6 +301,7 @@ def _release_session_lock(
         _lost(sender, handle, exc, message, error)
         return
     if not released:
+        label = handle.lock_key.label
         message = (
             f"Lock {label} on database {handle.using!r} was not held by this connection when "
             f"released: it was lost during the block (connection reset, "
@@ -304,8 +309,8 @@ def _release_session_lock(
         )
         _lost(sender, handle, exc, message)
         return
-    logger.debug("Released lock %s on database %r.", label, handle.using)
-    _send(signals.lock_released, sender, handle)
+    if signals.lock_released.receivers:
+        _send(signals.lock_released, sender, handle)
 
 
 def _lost(
@@ -324,7 +329,7 @@ def _lost(
 
 
 def _send(signal: Any, sender: object, handle: LockHandle) -> None:
-    if not signal.has_listeners():
+    if not signal.receivers:  # the common case, checked without building the receivers list
         return
     held = time.monotonic() - handle.acquired_at if handle.acquired_at is not None else None
     signal.send(

@@ -134,8 +134,9 @@ class LockBackend:
 
     def session_lock_problem(self) -> str | None:
         """Why session locks can't work on this alias (a transaction pooler), or None."""
+        pool_modes = get_setting("POOL_MODE")
         alias = self.connection.alias
-        if get_setting("POOL_MODE").get(alias) == "transaction":
+        if pool_modes and pool_modes.get(alias) == "transaction":
             return (
                 f"Session-scoped locks can't work on {self.describe()}: "
                 f"ADVISORY_LOCK['POOL_MODE'] declares it behind a transaction-mode pooler. "
@@ -149,15 +150,16 @@ class LockBackend:
 
     # Shared helpers.
 
-    def run(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """Execute one statement on the driver connection; return its first row, if any."""
+    def run(
+        self, sql: str, params: tuple[Any, ...], *, fetch: bool = True
+    ) -> tuple[Any, ...] | None:
+        """Execute one statement on the driver connection; return its first row if ``fetch``.
+
+        ``fetch`` is told, not found out: psycopg's ``cursor.description`` costs as much as
+        a third of a round trip.
+        """
         connection = self.connection
-        if connection.connection is None:
-            connection.ensure_connection()
-        raw = connection.connection
-        if self._raw_ref is None or self._raw_ref() is not raw:
-            self._raw_ref = weakref.ref(raw)
-            self.new_driver_connection()
+        raw = self.driver_connection()
         try:
             # Cached on the driver connection, so that it lives exactly as long.
             cursor = raw._advisory_lock_cursor
@@ -165,19 +167,29 @@ class LockBackend:
             cursor = raw._advisory_lock_cursor = raw.cursor()
         if not connection.queries_logged:
             cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
+            return cursor.fetchone() if fetch else None
         start = time.monotonic()
         try:
             cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
+            return cursor.fetchone() if fetch else None
         finally:
-            duration = time.monotonic() - start
-            connection.queries_log.append(
-                {
-                    "sql": connection.ops.last_executed_query(cursor, sql, params),
-                    "time": f"{duration:.3f}",
-                }
-            )
+            self.log_query(connection.ops.last_executed_query(cursor, sql, params), start)
+
+    def driver_connection(self) -> Any:
+        """The driver connection, connected; noting when it is not the one we last used."""
+        connection = self.connection
+        if connection.connection is None:
+            connection.ensure_connection()
+        raw = connection.connection
+        if self._raw_ref is None or self._raw_ref() is not raw:
+            self._raw_ref = weakref.ref(raw)
+            self.new_driver_connection()
+        return raw
+
+    def log_query(self, sql: str, start: float) -> None:
+        """Log a statement as Django's debug cursor does (for CaptureQueriesContext)."""
+        duration = time.monotonic() - start
+        self.connection.queries_log.append({"sql": sql, "time": f"{duration:.3f}"})
 
 
 def pooler_advice(alias: str) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from typing import Any
 
 from psycopg import errors
+from psycopg.pq import ExecStatus
 from psycopg.pq import TransactionStatus
 
 from advisory_lock.backends.base import LockBackend
@@ -67,6 +69,39 @@ _UNLOCK_SQL = {
     for pair in (False, True)
     for guarded in (False, True)
 }
+
+
+# The same try and unlock statements for libpq itself (PQexecParams): the fast path outside
+# transactions, one round trip without psycopg's cursor machinery (see _exec_fast).
+def _fast_sql(statement: str) -> bytes:
+    numbered = statement
+    for number in range(1, statement.count("%s") + 1):
+        numbered = numbered.replace("%s", f"${number}", 1)
+    return numbered.replace("::bigint", "").replace("::integer", "").encode()
+
+
+_FAST_TRY_SQL = {
+    (shared, pair, guarded): _fast_sql(_LOCK_SQL[True, False, shared, pair, guarded])
+    for shared in (False, True)
+    for pair in (False, True)
+    for guarded in (False, True)
+}
+_FAST_UNLOCK_SQL = {variant: _fast_sql(sql) for variant, sql in _UNLOCK_SQL.items()}
+_INT8, _INT4 = 20, 23  # type oids of the parameters: a bigint key, or an int pair
+# (pair, number of parameters) → their types: the key's, after the guard's pid if guarded.
+_TYPES = {
+    (False, 1): [_INT8],
+    (False, 2): [_INT4, _INT8],
+    (True, 2): [_INT4, _INT4],
+    (True, 3): [_INT4, _INT4, _INT4],
+}
+
+
+def _outside_transaction(raw: Any) -> bool:
+    """No transaction is open or pending: the fast path (libpq itself) may run a statement."""
+    return raw.autocommit and raw.pgconn.transaction_status == TransactionStatus.IDLE
+
+
 # A bounded wait in autocommit mode: set_config(..., true) lasts for this statement's own
 # transaction only. The sub-select runs first: it holds a volatile function, so the planner
 # can't pull it up into the outer query.
@@ -154,17 +189,22 @@ class PostgreSQLBackend(LockBackend):
     def acquire(
         self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
     ) -> bool:
-        pair = isinstance(db_key, tuple)
+        raw = self.driver_connection()
+        pair = type(db_key) is tuple
         params = db_key if pair else (db_key,)
-        guard = None if transaction else self._known_server_pid()
-        if guard is not None:
-            params = (guard, *params)
-        variant = (timeout == 0, transaction, shared, pair, guard is not None)
+        guarded = not transaction and self._server_pid is not None
+        if guarded:
+            params = (self._server_pid, *params)
         with self.connection.wrap_database_errors:
             try:
-                if timeout is None or timeout == 0:
-                    row = self.run(_LOCK_SQL[variant], params)
+                if timeout == 0 and not transaction and _outside_transaction(raw):
+                    row = self._exec_fast(raw, _FAST_TRY_SQL[shared, pair, guarded], params, pair)
+                elif timeout is None or timeout == 0:
+                    row = self.run(
+                        _LOCK_SQL[timeout == 0, transaction, shared, pair, guarded], params
+                    )
                 else:
+                    variant = (False, transaction, shared, pair, guarded)
                     row = self._bounded_wait(variant, params, timeout)
             except errors.LockNotAvailable:
                 # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
@@ -189,32 +229,37 @@ class PostgreSQLBackend(LockBackend):
         """Wait at most ``timeout``; return the lock statement's row, or None if it ran out."""
         # lock_timeout is in milliseconds, and 0 would mean "no limit".
         lock_timeout = str(max(1, math.ceil(timeout * 1000)))
-        if self._raw_autocommit():
+        if self.connection.connection.autocommit:
             return self.run(_BOUNDED[variant], (*params, lock_timeout))
         # In a transaction a lock_timeout error would abort it: wait inside a savepoint.
-        self.run("SAVEPOINT advisory_lock_wait", ())
+        self.run("SAVEPOINT advisory_lock_wait", (), fetch=False)
         try:
             row = self.run(_BOUNDED_IN_TRANSACTION[variant], (*params, lock_timeout))
         except errors.LockNotAvailable:
-            self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", ())
-            self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
+            self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", (), fetch=False)
+            self.run("RELEASE SAVEPOINT advisory_lock_wait", (), fetch=False)
             return None
-        self.run("RELEASE SAVEPOINT advisory_lock_wait", ())
+        self.run("RELEASE SAVEPOINT advisory_lock_wait", (), fetch=False)
         return row
 
     def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
-        pair = isinstance(db_key, tuple)
+        raw = self.driver_connection()
+        pair = type(db_key) is tuple
         params = db_key if pair else (db_key,)
-        guard = self._known_server_pid()
+        guard = self._server_pid
         if guard is not None:
             params = (guard, *params)
         with self.connection.wrap_database_errors:
-            row = self.run(_UNLOCK_SQL[shared, pair, guard is not None], params)
-            raw = self.connection.connection
-            if after_rollback and raw.info.transaction_status == TransactionStatus.INTRANS:
-                # Django has rolled back but not yet switched autocommit back on; psycopg
-                # opened a transaction for the unlock, which must not be left open.
-                raw.commit()
+            if _outside_transaction(raw):
+                row = self._exec_fast(
+                    raw, _FAST_UNLOCK_SQL[shared, pair, guard is not None], params, pair
+                )
+            else:
+                row = self.run(_UNLOCK_SQL[shared, pair, guard is not None], params)
+                if after_rollback and raw.info.transaction_status == TransactionStatus.INTRANS:
+                    # Django has rolled back but not yet switched autocommit back on; psycopg
+                    # opened a transaction for the unlock, which must not be left open.
+                    raw.commit()
         if not self._same_server(row[1]):
             raise LockLost(
                 f"The lock was taken on server pid {guard} of {self.describe()}, and the "
@@ -224,13 +269,28 @@ class PostgreSQLBackend(LockBackend):
             )
         return bool(row[0])
 
-    def _known_server_pid(self) -> int | None:
-        """The server pid of the current driver connection, if a statement told us yet."""
-        if self.connection.connection is None:
-            self.connection.ensure_connection()
-        if self._raw_ref is None or self._raw_ref() is not self.connection.connection:
-            return None  # a new driver connection: run() will reset what we knew
-        return self._server_pid
+    def _exec_fast(
+        self, raw: Any, sql: bytes, params: tuple[int, ...], pair: bool
+    ) -> tuple[bool | None, int]:
+        """Run a try or unlock statement with libpq's PQexecParams: one round trip without
+        the per-statement Python work of a psycopg cursor (about 15 us, a fifth of the
+        pair). Only for statements that never wait, outside transactions: libpq blocks
+        until the server answers, and psycopg does not see the statement.
+        """
+        values = [b"%d" % value for value in params]
+        logged = self.connection.queries_logged
+        start = time.monotonic() if logged else 0.0
+        with raw.lock:
+            result = raw.pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
+        if logged:
+            readable = sql.decode()
+            for number in range(len(params), 0, -1):
+                readable = readable.replace(f"${number}", str(params[number - 1]))
+            self.log_query(readable, start)
+        if result.status != ExecStatus.TUPLES_OK:
+            raise errors.error_from_result(result, encoding=raw.info.encoding)
+        locked = result.get_value(0, 0)
+        return (None if locked is None else locked == b"t"), int(result.get_value(0, 1))
 
     def _same_server(self, pid: int) -> bool:
         """Note the server pid a statement ran on; False if it moved (a pooler)."""
@@ -340,11 +400,6 @@ class PostgreSQLBackend(LockBackend):
     def transaction_is_aborted(self) -> bool:
         raw = self.connection.connection
         return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
-
-    def _raw_autocommit(self) -> bool:
-        if self.connection.connection is None:
-            self.connection.ensure_connection()
-        return self.connection.connection.autocommit
 
 
 def reset_pooled_connection(connection: Any) -> None:

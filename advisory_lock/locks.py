@@ -415,6 +415,7 @@ class DedicatedLock:
         self._mutex = threading.Lock()  # the watchdog and the main thread share the connection
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._checker: threading.Thread | None = None
 
     def acquire(self, wait: float) -> bool:
         started = time.monotonic()
@@ -457,15 +458,16 @@ class DedicatedLock:
         )
 
     def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
-        """Check every ``heartbeat`` seconds (one statement) that the lock is still held."""
+        """Check every ``heartbeat`` seconds (one statement) that the lock is still held.
+
+        A check that gets no answer within ``heartbeat`` counts as a loss too: on a silent
+        network (a partition, a black-holed route) the statement would wait for ever, and a
+        lock we can't prove we hold must be treated as lost.
+        """
 
         def run() -> None:
             while not self._stop.wait(heartbeat):
-                try:
-                    with self._mutex:
-                        held = self.backend.is_held(self.db_key)
-                except Exception:
-                    held = False
+                held = self._check_within(heartbeat)
                 if not held and not self._stop.is_set():
                     self.lost = True
                     on_lost()
@@ -475,6 +477,25 @@ class DedicatedLock:
             target=run, name=f"advisory_lock:{self.label}", daemon=True
         )
         self._watchdog.start()
+
+    def _check_within(self, seconds: float) -> bool:
+        """Is the lock still held? False on an error, or on no answer within ``seconds``."""
+        answer: list[bool] = []
+
+        def check() -> None:
+            try:
+                with self._mutex:
+                    answer.append(self.backend.is_held(self.db_key))
+            except Exception:
+                answer.append(False)
+
+        checker = threading.Thread(
+            target=check, name=f"advisory_lock:{self.label}:check", daemon=True
+        )
+        self._checker = checker
+        checker.start()
+        checker.join(seconds)
+        return bool(answer and answer[0])
 
     def release(self) -> None:
         self._stop.set()
@@ -491,7 +512,10 @@ class DedicatedLock:
         except DatabaseError:
             logger.exception("%s: releasing lock %s failed.", self.label, self.key.label)
         finally:
-            self.connection.close()  # closing drops whatever the connection still holds
+            # Closing drops whatever the connection still holds; but a check still waiting
+            # on a silent network owns the connection: it goes with the process.
+            if self._checker is None or not self._checker.is_alive():
+                self.connection.close()
 
 
 def _describe_holder(holder: dict[str, Any]) -> str:

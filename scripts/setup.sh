@@ -17,6 +17,8 @@ command -v pkg-config >/dev/null || need_packages+=(pkg-config)
 pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null \
   || need_packages+=(libmariadb-dev)
 [ "${1:-}" != --servers ] || [ -x /usr/sbin/pgbouncer ] || need_packages+=(pgbouncer)
+# The cluster check's test runs a one-node Galera cluster.
+[ "${1:-}" != --servers ] || [ -e /usr/lib/galera/libgalera_smm.so ] || need_packages+=(galera-4)
 if [ ${#need_packages[@]} -gt 0 ]; then
   echo "setup: installing ${need_packages[*]} (Debian packages)"
   as_root apt-get update -qq

@@ -253,11 +253,3 @@ def test_a_pool_without_the_reset_is_a_warning_and_with_it_is_not(using):
             assert "advisory_lock.W001" not in {m.id for m in check_settings()}
         finally:
             del settings_dict["OPTIONS"]["pool"]
-
-
-@pytest.mark.parametrize("using", ["mysql"], indirect=True)
-def test_a_plain_mariadb_is_no_galera_node(using):
-    from advisory_lock.checks import check_clusters
-
-    with override_settings(ADVISORY_LOCK={"POOL_MODE": {using: "session"}}):
-        assert check_clusters(databases=[using]) == []

@@ -1,0 +1,607 @@
+"""Uncontended acquire + release throughput: this library against the raw drivers and peers.
+
+    .venv/bin/python bench/locks.py [--pairs 3000] [--rounds 7] [--only postgresql|mysql]
+    bench/run_pinned.sh [same options]      # client and servers pinned to CPU 0 (stable ratios)
+
+Every variant runs ``--pairs`` acquire + release pairs per round; the variants of a database
+run interleaved, in a new random order each round, and the tables report medians over the
+rounds (see shared/BENCHMARKING.md). "ratio" is the raw driver's time divided by the
+variant's (raw = 1.00; 0.50 means half the raw throughput).
+
+Two counts per pair, taken once outside the timed loops:
+- "statements": what Django's ``CaptureQueriesContext`` sees (the library logs its
+  driver-level statements there); for the raw-driver variants, the executes the loop makes.
+- "round trips": what goes over the wire, counted at the protocol level (PostgreSQL: libpq
+  trace, one ``Query`` or ``Sync`` message per round trip; MariaDB: the session's
+  ``Questions`` counter). Transactions differ: psycopg sends ``BEGIN`` on its own, and
+  Django's ``COMMIT`` is not a logged query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent))
+
+import django  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+PG = "postgresql"
+MY = "mysql"
+PG_PARAMS = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
+MY_PARAMS = {"host": "127.0.0.1", "port": 3306, "user": "root", "database": "test"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+# Peers that are not installed are left out (and said so), not fatal.
+HAS_PGLOCK = _installed("pglock")
+HAS_DJANGO_MYSQL = _installed("django_mysql")
+
+settings.configure(
+    DEBUG=False,
+    USE_TZ=True,
+    DATABASES={
+        "default": {},
+        PG: {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": PG_PARAMS["dbname"],
+            "USER": PG_PARAMS["user"],
+            "HOST": PG_PARAMS["host"],
+            "PORT": str(PG_PARAMS["port"]),
+        },
+        MY: {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": MY_PARAMS["database"],
+            "USER": MY_PARAMS["user"],
+            "HOST": MY_PARAMS["host"],
+            "PORT": str(MY_PARAMS["port"]),
+            "OPTIONS": {"charset": "utf8mb4"},
+        },
+    },
+    INSTALLED_APPS=[
+        "django.contrib.contenttypes",
+        "advisory_lock",
+        *(["pgactivity", "pglock"] if HAS_PGLOCK else []),
+        *(["django_mysql"] if HAS_DJANGO_MYSQL else []),
+    ],
+    DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+)
+django.setup()
+
+from django.db import connections  # noqa: E402
+from django.db import transaction  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from advisory_lock import advisory_lock  # noqa: E402
+
+
+@dataclass
+class Variant:
+    label: str
+    loop: Callable[[int], None]  # runs n acquire + release pairs
+    raw_conn: Callable[[], Any]  # the driver connection whose round trips are counted
+    own_statements: int | None = None  # raw-driver variants: the executes per pair
+    show_sql: bool = False  # list the statements it logs under the table
+    sql: list[str] = field(default_factory=list)
+    statements: int | None = None
+    round_trips: int | None = None
+    times: list[float] = field(default_factory=list)  # µs per pair, one per round
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> float:
+        return (max(self.times) - min(self.times)) / self.median
+
+
+# Keys: one per variant so that no variant can see another's hold.
+K = 0x5EED_0000
+
+
+def postgresql_variants() -> tuple[list[Variant], Any]:
+    import psycopg
+
+    raw = psycopg.connect(**PG_PARAMS, autocommit=True)  # server-side binding, prepares
+    raw_cur = raw.cursor()
+    conn = connections[PG]
+    conn.ensure_connection()
+    atomic = transaction.atomic
+
+    def raw_try(n: int, k: int = K + 1) -> None:
+        execute, fetchone = raw_cur.execute, raw_cur.fetchone
+        for _ in range(n):
+            execute("SELECT pg_try_advisory_lock(%s)", (k,))
+            fetchone()
+            execute("SELECT pg_advisory_unlock(%s)", (k,))
+            fetchone()
+
+    def raw_xact(n: int, k: int = K + 2) -> None:
+        execute, fetchone = raw_cur.execute, raw_cur.fetchone
+        for _ in range(n):
+            execute("BEGIN")
+            execute("SELECT pg_try_advisory_xact_lock(%s)", (k,))
+            fetchone()
+            execute("COMMIT")
+
+    def driver_cursor(n: int, k: int = K + 3) -> None:
+        cursor = conn.connection.cursor()  # Django's psycopg connection: a ClientCursor
+        execute, fetchone = cursor.execute, cursor.fetchone
+        for _ in range(n):
+            execute("SELECT pg_try_advisory_lock(%s::bigint)", (k,))
+            fetchone()
+            execute("SELECT pg_advisory_unlock(%s::bigint)", (k,))
+            fetchone()
+
+    def django_cursor(n: int, k: int = K + 4) -> None:
+        for _ in range(n):
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", (k,))
+                cursor.fetchone()
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", (k,))
+                cursor.fetchone()
+
+    def library_try(n: int, k: int = K + 5) -> None:
+        for _ in range(n):
+            with advisory_lock(k, using=PG, wait=False):
+                pass
+
+    def library_blocking(n: int, k: int = K + 6) -> None:
+        for _ in range(n):
+            with advisory_lock(k, using=PG):
+                pass
+
+    def django_atomic_xact(n: int, k: int = K + 7) -> None:
+        for _ in range(n):
+            with atomic(using=PG), conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", (k,))
+                cursor.fetchone()
+
+    def library_atomic(n: int, k: int = K + 8) -> None:
+        for _ in range(n):
+            with atomic(using=PG), advisory_lock(k, using=PG):
+                pass
+
+    def django_conn() -> Any:
+        conn.ensure_connection()
+        return conn.connection
+
+    variants = [
+        Variant(
+            "raw psycopg `pg_try_advisory_lock` + `pg_advisory_unlock` (autocommit)",
+            raw_try,
+            lambda: raw,
+            own_statements=2,
+        ),
+        Variant(
+            "raw psycopg: BEGIN, `pg_try_advisory_xact_lock`, COMMIT",
+            raw_xact,
+            lambda: raw,
+            own_statements=3,
+        ),
+        Variant(
+            "the same two on Django's driver connection, reused cursor (client-side binding)",
+            driver_cursor,
+            django_conn,
+            own_statements=2,
+        ),
+        Variant("the same two statements through Django's cursor", django_cursor, django_conn),
+        Variant(
+            "advisory_lock(k, wait=False): session, try",
+            library_try,
+            django_conn,
+            show_sql=True,
+        ),
+        Variant("advisory_lock(k): session, blocking", library_blocking, django_conn),
+        Variant(
+            "Django `atomic()` + `pg_advisory_xact_lock` via Django's cursor",
+            django_atomic_xact,
+            django_conn,
+        ),
+        Variant("`atomic()` + advisory_lock(k): xact lock", library_atomic, django_conn),
+    ]
+    if HAS_PGLOCK:
+        import pglock
+
+        def pglock_blocking(n: int, k: int = K + 9) -> None:
+            for _ in range(n):
+                with pglock.advisory(k, using=PG):
+                    pass
+
+        def pglock_try(n: int, k: int = K + 10) -> None:
+            for _ in range(n):
+                with pglock.advisory(k, using=PG, timeout=0):
+                    pass
+
+        variants += [
+            Variant("django-pglock `advisory(k)`: blocking", pglock_blocking, django_conn),
+            Variant("django-pglock `advisory(k, timeout=0)`: try", pglock_try, django_conn),
+        ]
+    return variants, raw
+
+
+def mysql_variants() -> tuple[list[Variant], Any]:
+    import MySQLdb
+
+    raw = MySQLdb.connect(**MY_PARAMS, charset="utf8mb4", autocommit=True)
+    raw_cur = raw.cursor()
+    conn = connections[MY]
+    conn.ensure_connection()
+    prefix = f"{MY_PARAMS['database']}/bench-"
+
+    def raw_try(n: int, name: str = prefix + "raw") -> None:
+        execute, fetchone = raw_cur.execute, raw_cur.fetchone
+        for _ in range(n):
+            execute("SELECT GET_LOCK(%s, 0)", (name,))
+            fetchone()
+            execute("SELECT RELEASE_LOCK(%s)", (name,))
+            fetchone()
+
+    def django_cursor(n: int, name: str = prefix + "django") -> None:
+        for _ in range(n):
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT GET_LOCK(%s, 0)", (name,))
+                cursor.fetchone()
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT RELEASE_LOCK(%s)", (name,))
+                cursor.fetchone()
+
+    def library_try(n: int, k: int = K + 11) -> None:
+        for _ in range(n):
+            with advisory_lock(k, using=MY, wait=False):
+                pass
+
+    def library_blocking(n: int, k: int = K + 12) -> None:
+        for _ in range(n):
+            with advisory_lock(k, using=MY):
+                pass
+
+    def django_conn() -> Any:
+        conn.ensure_connection()
+        return conn.connection
+
+    variants = [
+        Variant(
+            "raw MySQLdb `GET_LOCK(k, 0)` + `RELEASE_LOCK(k)`",
+            raw_try,
+            lambda: raw,
+            own_statements=2,
+        ),
+        Variant("the same through Django's cursor", django_cursor, django_conn),
+        Variant(
+            "advisory_lock(k, wait=False): session, try",
+            library_try,
+            django_conn,
+            show_sql=True,
+        ),
+        Variant("advisory_lock(k): session, blocking", library_blocking, django_conn),
+    ]
+    if HAS_DJANGO_MYSQL:
+        from django_mysql.locks import Lock
+
+        def django_mysql_lock(n: int, name: str = "bench-django-mysql") -> None:
+            for _ in range(n):
+                with Lock(name, using=MY):
+                    pass
+
+        variants.append(
+            Variant("django-mysql `Lock(k)` (acquire_timeout=10)", django_mysql_lock, django_conn)
+        )
+    return variants, raw
+
+
+# Counting.
+
+
+class PgWireCounter:
+    """Counts round trips on a psycopg connection with libpq's protocol trace."""
+
+    _MESSAGE = re.compile(r"^F\t\d+\t(Query|Sync)\b", re.MULTILINE)
+
+    def __init__(self) -> None:
+        handle, self.path = tempfile.mkstemp(prefix="bench-locks-", suffix=".trace")
+        os.close(handle)
+        # O_APPEND: libpq writes at the end whatever FILE* it opens on this descriptor.
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def count(self, conn: Any, run: Callable[[], None]) -> int | None:
+        from psycopg import pq
+
+        pgconn = conn.pgconn
+        start = os.path.getsize(self.path)
+        try:
+            pgconn.trace(self.fd)
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        except Exception:  # a libpq or psycopg implementation without tracing
+            return None
+        try:
+            run()
+        finally:
+            pgconn.untrace()
+        with open(self.path, encoding="utf-8", errors="replace") as trace:
+            trace.seek(start)
+            return len(self._MESSAGE.findall(trace.read()))
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.unlink(self.path)
+
+
+def mysql_wire_count(conn: Any, run: Callable[[], None]) -> int:
+    """Round trips on a MySQLdb connection: the delta of the session's Questions counter."""
+
+    def questions() -> int:
+        cursor = conn.cursor()
+        cursor.execute("SHOW SESSION STATUS LIKE 'Questions'")
+        value = int(cursor.fetchone()[1])
+        cursor.close()
+        return value
+
+    calibration = -questions() + questions()  # what one SHOW STATUS itself adds
+    before = questions()
+    run()
+    return questions() - before - calibration
+
+
+def count_statements(alias: str, variants: list[Variant], wire: Callable[..., int | None]) -> None:
+    for variant in variants:
+        variant.loop(1)  # the first pair on a connection may differ (the server pid is learnt)
+        if variant.own_statements is not None:
+            variant.statements = variant.own_statements
+        else:
+            with CaptureQueriesContext(connections[alias]) as captured:
+                variant.loop(1)
+            variant.statements = len(captured.captured_queries)
+            if variant.show_sql:
+                variant.sql = [query["sql"] for query in captured.captured_queries]
+        variant.round_trips = wire(variant.raw_conn(), lambda v=variant: v.loop(1))
+
+
+# Timing.
+
+
+def measure(variants: list[Variant], pairs: int, rounds: int, seed: int) -> None:
+    """Time every variant (of both databases) once per round, in a new random order."""
+    rng = random.Random(seed)
+    warm = list(variants)
+    rng.shuffle(warm)
+    for variant in warm:  # connections, psycopg's prepared statements, caches
+        variant.loop(min(pairs, 500))
+    for number in range(rounds):
+        order = list(variants)
+        rng.shuffle(order)
+        for variant in order:
+            gc.collect()
+            gc.disable()
+            try:
+                start = time.perf_counter_ns()
+                variant.loop(pairs)
+                elapsed = time.perf_counter_ns() - start
+            finally:
+                gc.enable()
+            variant.times.append(elapsed / 1000 / pairs)
+        progress(f"round {number + 1}/{rounds} done")
+
+
+def progress(message: str) -> None:
+    if not QUIET:
+        print(f"  … {message}", file=sys.stderr, flush=True)
+
+
+def table(title: str, variants: list[Variant], pairs: int, rounds: int, notes: bool) -> str:
+    raw = variants[0].median
+    lines = [
+        f"### {title}: medians of {rounds} rounds x {pairs} pairs",
+        "",
+        "| variant | µs per pair | pairs/s | ratio to raw | statements | round trips | spread |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for variant in variants:
+        median = variant.median
+        trips = "?" if variant.round_trips is None else str(variant.round_trips)
+        lines.append(
+            f"| {variant.label} | {median:.1f} | {1e6 / median:,.0f} | {raw / median:.2f} "
+            f"| {variant.statements} | {trips} | {variant.spread:.0%} |"
+        )
+    if notes:
+        lines.append("")
+        lines.extend(
+            f"- {variant.label}, statement {number} as logged: `{sql}`"
+            for variant in variants
+            for number, sql in enumerate(variant.sql, 1)
+        )
+    return "\n".join(lines)
+
+
+# Checks and the header.
+
+
+def check_released_pg(raw: Any) -> None:
+    row = raw.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+        "AND ((classid::bigint << 32) | objid::bigint) >= %s "
+        "AND ((classid::bigint << 32) | objid::bigint) < %s",
+        (K, K + 100),
+    ).fetchone()
+    if row[0]:
+        sys.exit(f"PostgreSQL: {row[0]} advisory locks of the benchmark are still held.")
+
+
+def check_released_mysql(raw: Any) -> None:
+    cursor = raw.cursor()
+    names = [
+        f"{MY_PARAMS['database']}/bench-raw",
+        f"{MY_PARAMS['database']}/bench-django",
+        f"{MY_PARAMS['database']}.bench-django-mysql",
+        f"{MY_PARAMS['database']}/#{K + 11}",
+        f"{MY_PARAMS['database']}/#{K + 12}",
+    ]
+    held = []
+    for name in names:
+        cursor.execute("SELECT IS_USED_LOCK(%s)", (name,))
+        if cursor.fetchone()[0] is not None:
+            held.append(name)
+    cursor.close()
+    if held:
+        sys.exit(f"MariaDB: locks of the benchmark are still held: {held}")
+
+
+def affinity(pid: int) -> str:
+    try:
+        cpus = sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return "?"
+    return ",".join(map(str, cpus))
+
+
+def server_affinities() -> str:
+    found: dict[str, set[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in ("postgres", "mariadbd", "mysqld"):
+            found.setdefault(comm, set()).add(affinity(int(entry.name)))
+    return "; ".join(f"{name} on CPUs {' | '.join(sorted(cpus))}" for name, cpus in found.items())
+
+
+def library_revision() -> str:
+    """The checkout's commit, and whether advisory_lock/ has uncommitted changes."""
+    try:
+        git = ["git", "-C", str(BENCH_DIR.parent)]
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        diff = subprocess.run(
+            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown revision"
+    if not diff:
+        return f"commit {commit}"
+    digest = hashlib.sha1(diff).hexdigest()[:10]
+    return f"commit {commit} + uncommitted changes in advisory_lock/ (diff sha1 {digest})"
+
+
+def package(name: str) -> str:
+    try:
+        return dist_version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def header(pg_raw: Any, my_raw: Any) -> str:
+    import psycopg
+
+    client = os.sched_getaffinity(0)
+    pinned = "pinned" if len(client) == 1 else "NOT pinned"
+    pg_version = pg_raw.execute("SHOW server_version").fetchone()[0] if pg_raw else "-"
+    if my_raw is not None:
+        cursor = my_raw.cursor()
+        cursor.execute("SELECT VERSION()")
+        my_version = cursor.fetchone()[0]
+        cursor.close()
+    else:
+        my_version = "-"
+    return "\n".join(
+        [
+            "# advisory_lock: uncontended acquire + release",
+            "",
+            f"- advisory_lock at {library_revision()}",
+            f"- PostgreSQL {pg_version}; MariaDB {my_version}",
+            f"- Django {django.get_version()}; psycopg {psycopg.__version__} "
+            f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()}); "
+            f"mysqlclient {package('mysqlclient')}; Python {platform.python_version()}",
+            f"- peers: django-pglock {package('django-pglock')}; "
+            f"django-mysql {package('django-mysql')}",
+            f"- client: CPUs {affinity(0)} ({pinned}); servers: {server_affinities()}",
+            f"- {os.cpu_count()} CPUs; gc disabled inside each timed batch",
+        ]
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=3000, help="pairs per variant per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds (medians are reported)")
+    parser.add_argument("--only", choices=(PG, MY), help="benchmark one database only")
+    parser.add_argument("--markdown", action="store_true", help="print only the tables")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the shuffles")
+    args = parser.parse_args(argv)
+    if args.pairs < 1 or args.rounds < 1:
+        parser.error("--pairs and --rounds must be at least 1")
+    return args
+
+
+QUIET = False
+
+
+def main(argv: list[str] | None = None) -> None:
+    global QUIET
+    args = parse_args(argv)
+    QUIET = args.markdown
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    databases = [args.only] if args.only else [PG, MY]
+    pg_variants: list[Variant] = []
+    my_variants: list[Variant] = []
+    pg_raw = my_raw = None
+    if PG in databases:
+        pg_variants, pg_raw = postgresql_variants()
+        counter = PgWireCounter()
+        try:
+            count_statements(PG, pg_variants, counter.count)
+        finally:
+            counter.close()
+    if MY in databases:
+        my_variants, my_raw = mysql_variants()
+        count_statements(MY, my_variants, mysql_wire_count)
+    if not args.markdown:
+        print(header(pg_raw, my_raw))
+        print(f"- seed {seed}; {args.rounds} rounds x {args.pairs} pairs per variant\n")
+        if not HAS_PGLOCK or not HAS_DJANGO_MYSQL:
+            print("(peers missing: `.venv/bin/pip install -e '.[bench]'`)\n")
+    measure(pg_variants + my_variants, args.pairs, args.rounds, seed)
+    out: list[str] = []
+    notes = not args.markdown
+    if pg_variants:
+        check_released_pg(pg_raw)
+        out.append(table("PostgreSQL", pg_variants, args.pairs, args.rounds, notes))
+    if my_variants:
+        check_released_mysql(my_raw)
+        out.append(table("MariaDB", my_variants, args.pairs, args.rounds, notes))
+    print("\n\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import inspect
 import logging
+import re
 import signal
 import sys
 import threading
@@ -124,7 +125,7 @@ class SingleInstanceMixin:
             _restore_signal_handlers(previous)
             try:
                 if run is not None:
-                    JobRun.objects.using(lock.using).finish(run, error=error)
+                    _record_end(JobRun, run, lock, error, self.lock_heartbeat)
             finally:
                 lock.release()
 
@@ -152,6 +153,26 @@ class SingleInstanceMixin:
             _raise_in_thread(main, lock)
 
         return lost
+
+
+def _record_end(job_run: Any, run: Any, lock: DedicatedLock, error: str, heartbeat: float) -> None:
+    """Record the end of the run. After a failure or a lost lock the database may be down or
+    out of reach: then it is best effort (bounded after a lost lock) and never hides the
+    exception that is propagating (a row left running is marked abandoned by the next claim,
+    since its lock is free)."""
+    rows = job_run.objects.using(lock.using)
+    if not lock.lost and not error:
+        rows.finish(run)  # a success that can't be recorded must not pass silently
+        return
+    try:
+        rows.finish(run, error=error, timeout=max(2 * heartbeat, 1.0) if lock.lost else None)
+    except Exception as exc:
+        logger.error(
+            "%s: could not record the end of run %s (%s); the next run will mark it abandoned.",
+            lock.label,
+            run.pk,
+            exc,
+        )
 
 
 def single_instance(
@@ -194,7 +215,12 @@ def _command_label(command_class: type) -> str:
     return f"{app_config.label}.{name}" if app_config else module
 
 
+_SECONDS = re.compile(r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _seconds(text: str) -> float:
+    if not _SECONDS.fullmatch(text):  # float() also reads " 1", "1_0" and non-ASCII digits
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
     try:
         value = float(text)
     except ValueError:

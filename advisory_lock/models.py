@@ -63,8 +63,10 @@ class JobRunQuerySet(models.QuerySet):
             lambda: _claim(alias, job_name, period, retry_failed, lock_key, lock_held)
         )
 
-    def finish(self, run: JobRun, *, error: str = "") -> None:
-        """Record the end of ``run``: succeeded, or failed with the (end of the) traceback."""
+    def finish(self, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
+        """Record the end of ``run``: succeeded, or failed with the (end of the) traceback.
+
+        ``timeout``: give up (TimeoutError) if the database has not answered by then."""
         alias = self.db
         status = JobRun.Status.FAILED if error else JobRun.Status.SUCCEEDED
 
@@ -78,7 +80,7 @@ class JobRunQuerySet(models.QuerySet):
             )
             run.refresh_from_db(using=alias)
 
-        on_own_connection(record)
+        on_own_connection(record, timeout=timeout)
 
     def mark_abandoned(self) -> int:
         """Mark running rows whose owner's lock is free as abandoned; return how many."""
@@ -137,7 +139,7 @@ class JobRun(models.Model):
         return f"{self.job_name} [{self.period}] {self.status}"
 
 
-def on_own_connection(func: Callable[[], T]) -> T:
+def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
     """Run ``func`` in a short-lived thread: Django gives it connections of its own, in
     autocommit, so what it writes commits at once whatever transaction the caller is in."""
     outcome: dict[str, Any] = {}
@@ -150,9 +152,14 @@ def on_own_connection(func: Callable[[], T]) -> T:
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=target, name="advisory_lock-ledger")
+    # Bounded: a daemon thread, left behind if the database does not answer in time.
+    thread = threading.Thread(
+        target=target, name="advisory_lock-ledger", daemon=timeout is not None
+    )
     thread.start()
-    thread.join()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"the database did not answer within {timeout:g}s")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -23,6 +23,8 @@ def check_job_name(job_name: object) -> str:
         raise TypeError(f"job_name must be a str, not {type(job_name).__name__} ({job_name!r}).")
     if not job_name.strip():
         raise ValueError("job_name must be a non-blank string.")
+    if "\x00" in job_name:
+        raise ValueError(f"job_name {job_name!r} contains NUL, which PostgreSQL text can't hold.")
     if len(job_name) > MAX_JOB_NAME_LENGTH:
         raise ValueError(
             f"job_name {job_name[:40]!r}... is {len(job_name)} characters long; the ledger's "

@@ -122,6 +122,10 @@ class LockBackend:
         """Why locks can't work on this server across a cluster's nodes (asks the server)."""
         return None
 
+    def exact_collation(self) -> str | None:
+        """A collation that compares text exactly, for columns whose default does not."""
+        return None
+
     @classmethod
     def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:
         """Why a connection pool configured in ``settings_dict`` could leak locks, or None."""

@@ -187,6 +187,11 @@ class MySQLBackend(LockBackend):
             holder.update(user=user, client_addr=host, state=state, in_state_for=float(seconds))
         return holder
 
+    def exact_collation(self) -> str | None:
+        # The default collations fold case and accents, and the PAD SPACE ones (utf8mb4_bin
+        # too) ignore trailing spaces: "Job" = "job ". These compare byte for byte.
+        return "utf8mb4_nopad_bin" if self._is_mariadb() else "utf8mb4_0900_bin"
+
     def cluster_problem(self) -> str | None:
         with self.connection.cursor() as cursor:
             try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -12,14 +14,22 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock.models import JobRun
 
 
-def _positive_int(text: str) -> int:
-    try:
+def _whole_number(maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of ASCII digits from 1 to ``maximum``."""
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()):  # int() reads any script's digits
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number.")
         value = int(text)
-    except ValueError:
-        raise CommandError(f"{text!r} is not a whole number.") from None
-    if value < 1:
-        raise CommandError(f"{text!r} must be at least 1.")
-    return value
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to {maximum}.")
+        return value
+
+    return parse
+
+
+MAX_LIMIT = 2**31 - 1
+MAX_DAYS = 36_500  # a century: the cutoff stays a valid date
 
 
 class Command(BaseCommand):
@@ -30,7 +40,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--status", choices=JobRun.Status.values, help="Only runs with this status."
         )
-        parser.add_argument("--limit", type=_positive_int, default=20, help="Rows (default 20).")
+        parser.add_argument(
+            "--limit", type=_whole_number(MAX_LIMIT), default=20, help="Rows (default 20)."
+        )
         parser.add_argument(
             "--mark-abandoned",
             action="store_true",
@@ -40,7 +52,10 @@ class Command(BaseCommand):
             "--prune", action="store_true", help="Delete finished runs (needs --older-than)."
         )
         parser.add_argument(
-            "--older-than", type=_positive_int, metavar="DAYS", help="With --prune: age in days."
+            "--older-than",
+            type=_whole_number(MAX_DAYS),
+            metavar="DAYS",
+            help="With --prune: age in days.",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
 

@@ -1,0 +1,161 @@
+"""The network between a @single_instance command and its database turns into a black hole.
+
+The command's lock connection goes through a BlackHoleProxy (a thread of this test process;
+the worker runs with tests.faults.proxy_settings: its "default" alias through the proxy, or
+only a "locks" alias that ADVISORY_LOCK["DIRECT_ALIAS"] names). Then the proxy stops
+forwarding both ways without closing anything: the holder hears nothing, nor does the server.
+
+* The holder: its watchdog counts a check that gets no answer within the heartbeat as a
+  lost lock, so it stops within 2 heartbeats (the next check, then its wait) and exits 1.
+* The server: it still sees a healthy, idle session holding the lock. TCP keepalive does not
+  help (the proxy's kernel ACKs the probes, as a hung but living peer or middlebox does);
+  only an idle timeout on the server ends the session and frees the lock: PostgreSQL
+  ``idle_session_timeout``, MySQL/MariaDB ``wait_timeout``. A healthy holder's checks keep
+  its session busy (idle at most a heartbeat); a timeout over 2 heartbeats (plus the time
+  the command takes to stop) ends the session only after the holder has stopped, so two
+  instances never overlap.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+
+from advisory_lock import JobRun
+from tests.commands import finish
+from tests.commands import wait_for_line
+from tests.faults.helpers import killed_at_the_end
+from tests.faults.helpers import report
+from tests.faults.helpers import start_through_proxy
+from tests.faults.helpers import wait_until
+from tests.faults.proxy import BlackHoleProxy
+from tests.probes import is_free
+
+pytestmark = pytest.mark.faults
+
+HEARTBEAT = 0.5  # of decorated_job and ledger_job
+#: The server-side idle timeout of the holder's session, in seconds (3000 ms on PostgreSQL).
+IDLE_TIMEOUT = 3.0
+#: The holder must exit within this long after the black hole: heartbeat + 1 s.
+HOLDER_BOUND = HEARTBEAT + 1.0
+#: The server must free the lock within this long after the black hole: idle timeout + 2 s.
+SERVER_BOUND = IDLE_TIMEOUT + 2.0
+
+
+@pytest.fixture
+def proxy(using):
+    """A BlackHoleProxy in front of ``using``'s server, closed after the test."""
+    settings_dict = settings.DATABASES[using]
+    with BlackHoleProxy(settings_dict["HOST"] or "127.0.0.1", settings_dict["PORT"]) as proxy:
+        yield proxy
+
+
+def black_hole_a_holder(
+    using: str, proxy: BlackHoleProxy, until: str, *, layout: str, healthy_for: float
+) -> tuple[float, float]:
+    """Start decorated_job through the proxy, let it run ``healthy_for`` seconds, black-hole
+    the proxy; return when the holder exited and when the server freed its lock (seconds
+    after the black hole)."""
+    key = "command:lockapp.decorated_job"
+    holder = start_through_proxy(
+        using,
+        proxy.port,
+        "decorated_job",
+        "--until",
+        until,
+        idle_timeout=IDLE_TIMEOUT,
+        layout=layout,
+    )
+    with killed_at_the_end(holder):
+        wait_for_line(holder, "running")
+        time.sleep(healthy_for)
+        assert holder.poll() is None, holder.stderr.read()
+        assert not is_free(key, using)
+
+        black_holed_at = proxy.black_hole()
+        status, _, err = finish(holder, timeout=HOLDER_BOUND + 5)
+        holder_noticed = time.monotonic() - black_holed_at
+        assert status == 1, err
+        assert "was lost" in err and "CommandError" in err, err
+        assert holder_noticed < HOLDER_BOUND, f"the holder took {holder_noticed:.2f}s"
+
+        # The holder is gone, but nothing told the server: it holds the lock until the
+        # session's idle timeout ends it. So the holder stopped before anyone else could
+        # start (no overlap): that takes an idle timeout over 2 heartbeats.
+        assert not is_free(key, using), "the server freed the lock before the holder stopped"
+        wait_until(lambda: is_free(key, using), SERVER_BOUND + 1)
+        server_freed = time.monotonic() - black_holed_at
+    assert server_freed < SERVER_BOUND, f"the server freed the lock {server_freed:.2f}s after"
+    setting = {"postgresql": "idle_session_timeout", "mysql": "wait_timeout"}[using]
+    report(
+        f"{using} ({layout} through the proxy): black hole -> holder exited (1, lock lost) "
+        f"after {holder_noticed:.2f}s; server freed the lock after {server_freed:.2f}s "
+        f"({setting} = {IDLE_TIMEOUT:g}s)"
+    )
+    return holder_noticed, server_freed
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_black_hole_holder_stops_and_the_server_frees_the_lock(using, proxy, tmp_path):
+    # A healthy holder outlives the idle timeout first: its checks keep the session busy.
+    black_hole_a_holder(
+        using, proxy, str(tmp_path / "never"), layout="default", healthy_for=IDLE_TIMEOUT + 0.5
+    )
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_black_hole_with_the_idle_timeout_on_a_lock_only_alias(using, proxy, tmp_path):
+    """The layout to recommend: ADVISORY_LOCK["DIRECT_ALIAS"] = {"default": "locks"}, and the
+    idle timeout in the OPTIONS of "locks" only, so that it never ends the app's sessions."""
+    black_hole_a_holder(using, proxy, str(tmp_path / "never"), layout="lock_alias", healthy_for=0)
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_tcp_keepalive_does_not_free_the_lock_behind_a_black_hole(using, proxy, tmp_path):
+    """Keepalive probes every second on both ends, no idle timeout: the lock stays held,
+    because the proxy's kernel answers the probes. Closing the proxy frees it at once."""
+    key = "command:lockapp.decorated_job"
+    holder = start_through_proxy(
+        using, proxy.port, "decorated_job", "--until", str(tmp_path / "never"), keepalive=True
+    )
+    with killed_at_the_end(holder):
+        wait_for_line(holder, "running")
+        black_holed_at = proxy.black_hole()
+        assert finish(holder, timeout=HOLDER_BOUND + 5)[0] == 1
+    # Keepalive would have given up after 1 s idle + 2 probes 1 s apart on a dead peer.
+    time.sleep(max(0.0, black_holed_at + 4.0 - time.monotonic()))
+    assert not is_free(key, using), "keepalive freed it: the proxy no longer models a black hole"
+    proxy.close()  # the server's side of the connection closes: the lock goes with it
+    wait_until(lambda: is_free(key, using), 2)
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_black_hole_ledger_command_exits_with_lock_lost(using, proxy, tmp_path):
+    """A ledger command records the end of its run in `finally`: on a black-holed network
+    that must not keep it from stopping (its row stays running; the next claim, finding the
+    lock free, marks it abandoned)."""
+    holder = start_through_proxy(
+        using,
+        proxy.port,
+        "ledger_job",
+        "--until",
+        str(tmp_path / "never"),
+        idle_timeout=IDLE_TIMEOUT,
+    )
+    try:
+        with killed_at_the_end(holder):
+            wait_for_line(holder, "running")
+            black_holed_at = proxy.black_hole()
+            deadline = black_holed_at + HOLDER_BOUND + 1.5
+            while holder.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            exited = holder.poll() is not None
+            assert exited, "the ledger command did not exit after losing its lock"
+            status, _, err = finish(holder)
+            assert status == 1 and "CommandError" in err and "was lost" in err, err
+    finally:
+        proxy.close()  # the server's side closes: it drops the lock now, not in 3 s
+        wait_until(lambda: is_free("command:lockapp.ledger_job", using), 5)
+        JobRun.objects.using(using).filter(job_name="lockapp.ledger_job").delete()

@@ -1,20 +1,26 @@
 """Uncontended acquire + release throughput: this library against the raw drivers and peers.
 
     .venv/bin/python bench/locks.py [--pairs 3000] [--rounds 7] [--only postgresql|mysql]
+                                    [--markdown] [--seed N]
     bench/run_pinned.sh [same options]      # client and servers pinned to CPU 0 (stable ratios)
 
-Every variant runs ``--pairs`` acquire + release pairs per round; the variants of a database
-run interleaved, in a new random order each round, and the tables report medians over the
-rounds (see shared/BENCHMARKING.md). "ratio" is the raw driver's time divided by the
-variant's (raw = 1.00; 0.50 means half the raw throughput).
+Every variant runs ``--pairs`` acquire + release pairs per round. All variants (of both
+databases) run interleaved, in a new random order each round, and the tables report medians
+over the rounds (see shared/BENCHMARKING.md). "ratio" is the raw driver's time divided by
+the variant's (raw = 1.00; 0.50 means half the raw throughput); "spread" is (slowest round -
+fastest round) / median. The raw psycopg rows use psycopg's defaults (server-side binding,
+statements prepared from their 5th run); Django's connections use client-side binding and
+no prepared statements.
 
 Two counts per pair, taken once outside the timed loops:
 - "statements": what Django's ``CaptureQueriesContext`` sees (the library logs its
-  driver-level statements there); for the raw-driver variants, the executes the loop makes.
+  driver-level statements there; Django logs BEGIN and COMMIT of ``atomic``); for the
+  raw-driver rows, the executes the loop makes.
 - "round trips": what goes over the wire, counted at the protocol level (PostgreSQL: libpq
   trace, one ``Query`` or ``Sync`` message per round trip; MariaDB: the session's
-  ``Questions`` counter). Transactions differ: psycopg sends ``BEGIN`` on its own, and
-  Django's ``COMMIT`` is not a logged query.
+  ``Questions`` counter).
+The library's statements are listed under each table as it logs them (with parameters
+inlined; on PostgreSQL's fast path they are sent as ``$n`` parameters).
 """
 
 from __future__ import annotations

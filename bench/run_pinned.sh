@@ -13,14 +13,16 @@ all_cpus="0-$(($(nproc --all) - 1))"
 
 # By process name, not `pgrep -f postgres`: that would also match this script when it is
 # run with `--only postgresql`.
-mapfile -t pids < <(pgrep -x postgres || true; pgrep -x mariadbd || true; pgrep -x mysqld || true)
+server_pids() { pgrep -x postgres || true; pgrep -x mariadbd || true; pgrep -x mysqld || true; }
+mapfile -t pids < <(server_pids)
 if [ ${#pids[@]} -eq 0 ]; then
   echo "run_pinned: no postgres or mariadbd process found; start the servers first" >&2
   exit 1
 fi
 
 restore() {
-  for pid in "${pids[@]}"; do
+  # Look again: backends forked while pinned (other clients' too) inherited CPU $cpu.
+  for pid in $(server_pids); do
     taskset -acp "$all_cpus" "$pid" >/dev/null 2>&1 || true # the process may have exited
   done
 }

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from numbers import Real
+from threading import get_ident
 from typing import Any
 from typing import Literal
 from typing import TypeVar
@@ -95,9 +96,10 @@ class AdvisoryLock:
             )
         self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
         self._timeout = _checked_timeout(wait, timeout)
-        # Handles of the blocks this object is in, per thread: one decorated function (one
-        # object) runs in many threads at once.
-        self._local = threading.local()
+        # Handles of the blocks this object is in, per thread id: one decorated function (one
+        # object) runs in many threads at once. (A threading.local per object would cost
+        # more than the rest of the object's set-up.)
+        self._stacks: dict[int, list[LockHandle]] = {}
 
     def __repr__(self) -> str:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
@@ -156,14 +158,15 @@ class AdvisoryLock:
                 _release_at_transaction_end(backend, handle, after_rollback=False)
             elif signals.lock_released.receivers:
                 _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
-        try:
-            self._local.handles.append(handle)
-        except AttributeError:
-            self._local.handles = [handle]
+        self._stacks.setdefault(get_ident(), []).append(handle)
         return handle
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        handle = self._local.handles.pop()
+        thread = get_ident()
+        stack = self._stacks[thread]
+        handle = stack.pop()
+        if not stack:
+            del self._stacks[thread]
         if handle.acquired and handle.scope == "session":
             backend = handle._backend
             holds = backend.session_holds

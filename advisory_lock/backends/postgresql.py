@@ -197,15 +197,17 @@ class PostgreSQLBackend(LockBackend):
             params = (self._server_pid, *params)
         with self.connection.wrap_database_errors:
             try:
-                if timeout == 0 and not transaction and _outside_transaction(raw):
+                variant = (timeout == 0, transaction, shared, pair, guarded)
+                if not transaction and _outside_transaction(raw):
+                    # Try first, through libpq: an uncontended lock costs one round trip
+                    # whatever the wait; only a busy one goes on to wait in the server.
                     row = self._exec_fast(raw, _FAST_TRY_SQL[shared, pair, guarded], params, pair)
-                elif timeout is None or timeout == 0:
-                    row = self.run(
-                        _LOCK_SQL[timeout == 0, transaction, shared, pair, guarded], params
-                    )
+                    if row[0] is False and timeout != 0:
+                        row = self._wait(variant, params, timeout)
+                elif timeout == 0:
+                    row = self.run(_LOCK_SQL[variant], params)
                 else:
-                    variant = (False, transaction, shared, pair, guarded)
-                    row = self._bounded_wait(variant, params, timeout)
+                    row = self._wait(variant, params, timeout)
             except errors.LockNotAvailable:
                 # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
                 return False
@@ -222,6 +224,14 @@ class PostgreSQLBackend(LockBackend):
             # The guard kept the statement from locking anything on this other connection.
             raise NotSupportedError(self.session_lock_problem())
         return row[0] is not False
+
+    def _wait(
+        self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float | None
+    ) -> tuple[Any, ...] | None:
+        """Wait in the server: for ever, or at most ``timeout`` (None if it ran out)."""
+        if timeout is None:
+            return self.run(_LOCK_SQL[variant], params)
+        return self._bounded_wait(variant, params, timeout)
 
     def _bounded_wait(
         self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float

@@ -9,9 +9,20 @@ from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.locks import AdvisoryLock
 from advisory_lock.locks import LockHandle
 from advisory_lock.locks import advisory_lock
+from advisory_lock.signals import lock_acquired
+from advisory_lock.signals import lock_busy
+from advisory_lock.signals import lock_lost
+from advisory_lock.signals import lock_released
 
-# The ledger needs Django's app registry: import it on first use, not with the package.
-_LAZY = {"JobRun": "advisory_lock.models", "run_once": "advisory_lock.ledger"}
+# Imported on first use, not with the package: the ledger and inspection need Django's app
+# registry, and the pool reset needs psycopg.
+_LAZY = {
+    "HeldLock": "advisory_lock.inspect",
+    "JobRun": "advisory_lock.models",
+    "held_locks": "advisory_lock.inspect",
+    "reset_pooled_connection": "advisory_lock.backends.postgresql",
+    "run_once": "advisory_lock.ledger",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -25,6 +36,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AdvisoryLock",
     "AdvisoryLockError",
+    "HeldLock",
     "JobRun",
     "LockHandle",
     "LockLost",
@@ -32,6 +44,12 @@ __all__ = [
     "NotSupportedError",
     "SingleInstanceMixin",
     "advisory_lock",
+    "held_locks",
+    "lock_acquired",
+    "lock_busy",
+    "lock_lost",
+    "lock_released",
+    "reset_pooled_connection",
     "run_once",
     "single_instance",
 ]

@@ -86,7 +86,7 @@ def _check_alias(alias: str) -> list[CheckMessage]:
             Warning(
                 f"Database alias {alias!r}: {problem}",
                 hint='Set OPTIONS["pool"]["reset"] = '
-                "advisory_lock.backends.postgresql.reset_pooled_connection, which runs "
+                "advisory_lock.reset_pooled_connection, which runs "
                 "pg_advisory_unlock_all() when a connection goes back to the pool.",
                 id="advisory_lock.W001",
             )

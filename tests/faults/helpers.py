@@ -95,22 +95,29 @@ def report(message: str) -> None:
 # Server restarts (as root, on this machine's servers only).
 
 
+def _skip_or_fail(message: str) -> None:
+    """Skip loudly; with CI=true a fault test that can't run is a failure, not a skip."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {message}", pytrace=False)
+    pytest.skip(message)
+
+
 def require_restartable(alias: str) -> None:
     """Skip unless this process may restart the local server behind ``alias``."""
     settings_dict = settings.DATABASES.get(alias)
     if settings_dict is None:
-        pytest.skip(f"no server for {alias!r}")
+        _skip_or_fail(f"no server for {alias!r}")
     if not _local_server(alias):
-        pytest.skip(f"{alias!r} is not this machine's server on {LOCAL_PORTS[alias]}")
+        _skip_or_fail(f"{alias!r} is not this machine's server on {LOCAL_PORTS[alias]}")
     if os.geteuid() != 0:
-        pytest.skip("restarting a server needs root")
+        _skip_or_fail("restarting a server needs root")
     tools = {
         "postgresql": [PG_CTLCLUSTER, PG_ISREADY],
         "mysql": [MARIADB_ADMIN, MARIADBD, START_STOP_DAEMON],
     }[alias]
     missing = [tool for tool in tools if not os.access(tool, os.X_OK)]
     if missing or (alias == "postgresql" and not _postgresql_version()):
-        pytest.skip(f"can't restart {alias!r} here: missing {missing or ['/etc/postgresql']}")
+        _skip_or_fail(f"can't restart {alias!r} here: missing {missing or ['/etc/postgresql']}")
 
 
 def _local_server(alias: str) -> bool:
@@ -244,7 +251,7 @@ def wait_for_other_pytest_runs(timeout: float = OTHER_RUNS_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while others := other_pytest_runs():
         if time.monotonic() > deadline:
-            pytest.skip(
+            _skip_or_fail(
                 f"\n\n*** Another pytest run is still going after {timeout:g}s; restarting "
                 f"the server would break it, so this test is SKIPPED: {others[:3]} ***\n"
             )

@@ -40,10 +40,8 @@ _recent_names: dict[str, None] = {}
 
 
 def remember_name(name: str) -> None:
-    """Note that ``name`` was used as a lock key in this process."""
-    if name in _recent_names:
-        return
-    if len(_recent_names) >= MAX_REMEMBERED_NAMES:
+    """Note that ``name`` was used as a lock key in this process (least recently used go)."""
+    if _recent_names.pop(name, True) and len(_recent_names) >= MAX_REMEMBERED_NAMES:
         _recent_names.pop(next(iter(_recent_names)), None)
     _recent_names[name] = None
 

@@ -168,3 +168,17 @@ def test_shortened_names_never_collide_and_fit(generated):
 @given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.:-", min_size=1, max_size=40))
 def test_plain_short_names_are_kept_readable(name):
     assert shorten(name, 64) == name
+
+
+def test_the_name_memory_keeps_the_most_recently_used_names():
+    from advisory_lock.keys import MAX_REMEMBERED_NAMES
+    from advisory_lock.keys import recent_names
+
+    make_key("kept-in-use")
+    for number in range(MAX_REMEMBERED_NAMES * 2):
+        make_key(f"churn-{number}")
+        if number % 100 == 0:
+            make_key("kept-in-use")  # used again: it stays
+    names = recent_names()
+    assert len(names) == MAX_REMEMBERED_NAMES
+    assert "kept-in-use" in names and "churn-0" not in names

@@ -53,6 +53,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
 from fleet import affinity_note  # noqa: E402
+from fleet import library_revision  # noqa: E402
 from fleet import pinned  # noqa: E402
 from fleet import wait_until_quiet  # noqa: E402
 
@@ -572,14 +573,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--png", default=str(BENCH_DIR / "contention.png"))
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--overlay", help="a --json file of another run, drawn faded")
+    parser.add_argument("--replot", help="measure nothing: draw this --json file (and --overlay)")
     parser.add_argument("--overlay-label", default=" (other run)")
     parser.add_argument("--quiet-wait", type=float, default=600, help="max s to wait for quiet")
     parser.add_argument("--seed", type=int)
     args = parser.parse_args(argv)
+    if args.replot:
+        data = json.loads(Path(args.replot).read_text())
+        runs = [(" (pinned)" if data["pinned"] else "", data)]
+        if args.overlay:
+            runs.append((args.overlay_label, json.loads(Path(args.overlay).read_text())))
+        plot(runs, Path(args.png), data.get("title", ""))
+        return
     counts = [int(n) for n in args.processes.split(",")]
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     quiet = wait_until_quiet(args.quiet_wait)
+    revision = library_revision()  # read when the code is imported (now), not at the end
     work = args.work_us / 1e6
     markers = Path(
         tempfile.mkdtemp(
@@ -609,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         "# advisory_lock under contention on one key, and Redis",
         "",
-        f"- {quiet}",
+        f"- {revision}; {quiet}",
         f"- {note} ({pinning}); {os.cpu_count()} CPUs",
         f"- Django {django.get_version()}; psycopg {dist_version('psycopg')}; mysqlclient "
         f"{dist_version('mysqlclient')}; redis-py {dist_version('redis')}; "
@@ -620,7 +630,13 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(header) + "\n")
     print(uncontended_table(times, args.pairs, args.pair_rounds) + "\n")
     print(contention_tables(points, counts))
+    title = (
+        f"One key, N processes looping try → {args.work_us:g} µs busy → unlock; "
+        f"{os.cpu_count()} CPUs, {pinning}; medians of {args.rounds} x {args.seconds:g} s"
+    )
     data = {
+        "title": title,
+        "revision": revision,
         "counts": counts,
         "pinned": args.pin is not None,
         "points": {f"{v}|{n}": asdict(p) for (v, n), p in points.items()},
@@ -631,10 +647,6 @@ def main(argv: list[str] | None = None) -> None:
     runs = [(" (pinned)" if args.pin is not None else "", data)]
     if args.overlay:
         runs.append((args.overlay_label, json.loads(Path(args.overlay).read_text())))
-    title = (
-        f"One key, N processes looping try → {args.work_us:g} µs busy → unlock; "
-        f"{os.cpu_count()} CPUs, {pinning}; medians of {args.rounds} x {args.seconds:g} s"
-    )
     plot(runs, Path(args.png), title)
     print(f"\n(curve: {args.png})")
 

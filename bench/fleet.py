@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import random
 import re
@@ -217,6 +218,24 @@ def pinned(cpu: int | None):
         for pid in pids:
             subprocess.run(["taskset", "-acp", everything, str(pid)], capture_output=True)
         os.sched_setaffinity(0, range(os.cpu_count()))
+
+
+def library_revision() -> str:
+    """The checkout's commit, and whether advisory_lock/ has uncommitted changes."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        diff = subprocess.run(
+            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "advisory_lock at an unknown revision"
+    if not diff:
+        return f"advisory_lock at commit {commit}"
+    digest = hashlib.sha1(diff).hexdigest()[:10]
+    return f"advisory_lock at commit {commit} + uncommitted changes (diff sha1 {digest})"
 
 
 def affinity_note() -> str:
@@ -514,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     quiet = wait_until_quiet(args.quiet_wait)
+    revision = library_revision()
     folder = Path(tempfile.mkdtemp(prefix="advisory-lock-fleet-"))
     make_project(folder)
     variants = [(database, start) for database in databases for start in starts]
@@ -543,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
     import django
 
     print(f"# A fleet of {args.instances} instances of one @single_instance command\n")
-    print(f"- {quiet}")
+    print(f"- {revision}; {quiet}")
     pinning = "pinned" if args.pin is not None else "NOT pinned"
     print(f"- {note} ({pinning}); {os.cpu_count()} CPUs")
     print(

@@ -42,6 +42,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
 from fleet import affinity_note  # noqa: E402
+from fleet import library_revision  # noqa: E402
 from fleet import pinned  # noqa: E402
 from fleet import wait_until_quiet  # noqa: E402
 
@@ -71,6 +72,7 @@ settings.configure(
 django.setup()
 
 import psycopg  # noqa: E402
+from django.db import DatabaseError  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from advisory_lock import AdvisoryLockError  # noqa: E402
@@ -196,10 +198,16 @@ def memory_run(alias: str, kind: str, cycles: int) -> tuple[list[str], dict[str,
     first = tracemalloc.take_snapshot()
     started = time.perf_counter()
     done = 0
+    lost = ""
     for mark in marks:
-        for i in range(offset + done, offset + mark):
-            with advisory_lock(key(i), using=alias):
-                pass
+        try:
+            for i in range(offset + done, offset + mark):
+                with advisory_lock(key(i), using=alias):
+                    pass
+        except DatabaseError as error:
+            # Someone restarted the server: say so, and go on from the next key.
+            lost = f"connection lost at cycle {i - offset:,} ({str(error).splitlines()[0]})"
+            connections[alias].close()
         done = mark
         elapsed = time.perf_counter() - started
         gc.collect()
@@ -220,7 +228,7 @@ def memory_run(alias: str, kind: str, cycles: int) -> tuple[list[str], dict[str,
     ]
     elapsed = time.perf_counter() - started
     connections[alias].close()
-    return rows, {"per_cycle": elapsed / cycles * 1e6, "growth": growth}
+    return rows, {"per_cycle": elapsed / cycles * 1e6, "growth": growth, "lost": lost}
 
 
 def alias_name(alias: str) -> str:
@@ -267,6 +275,7 @@ def memory(cycles: int, pg_cycles: int) -> str:
         notes.append(
             f"- {alias_name(alias)}, {kind} keys: {info['per_cycle']:.1f} µs per cycle under "
             f"tracemalloc; largest growth by line, 0 → 100 %: {'; '.join(info['growth'])}"
+            + (f"; **{info['lost']}**" if info["lost"] else "")
         )
         if alias == "default":
             after = lock_folder_usage(lock_dir)
@@ -301,29 +310,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-wait", type=float, default=600, help="max s to wait for quiet")
     args = parser.parse_args(argv)
     quiet = wait_until_quiet(args.quiet_wait)
-    out = []
+    server = psycopg.connect(**PG_PARAMS).info.parameter_status("server_version")
+    pinning = "pinned" if args.pin is not None else "NOT pinned"
     try:
         with pinned(args.pin):
-            note = affinity_note()
+            print("# advisory_lock: many keys, and memory over many distinct keys\n")
+            print(f"- {library_revision()}; {quiet}")
+            print(f"- {affinity_note()} ({pinning}); {os.cpu_count()} CPUs")
+            print(
+                f"- PostgreSQL {server}; Django {django.get_version()}; psycopg "
+                f"{dist_version('psycopg')}; Python {sys.version.split()[0]}\n",
+                flush=True,
+            )
             if args.only in (None, "keys"):
-                out.append(many_keys())
+                print(many_keys() + "\n", flush=True)
             if args.only in (None, "memory"):
-                out.append(memory(args.cycles, args.pg_cycles))
+                print(memory(args.cycles, args.pg_cycles), flush=True)
     finally:
         if args.keep:
             print(f"(kept {FOLDER})", file=sys.stderr)
         else:
             shutil.rmtree(FOLDER, ignore_errors=True)
-    server = psycopg.connect(**PG_PARAMS).info.parameter_status("server_version")
-    pinning = "pinned" if args.pin is not None else "NOT pinned"
-    print("# advisory_lock: many keys, and memory over many distinct keys\n")
-    print(f"- {quiet}")
-    print(f"- {note} ({pinning}); {os.cpu_count()} CPUs")
-    print(
-        f"- PostgreSQL {server}; Django {django.get_version()}; psycopg "
-        f"{dist_version('psycopg')}; Python {sys.version.split()[0]}\n"
-    )
-    print("\n\n".join(out))
 
 
 if __name__ == "__main__":

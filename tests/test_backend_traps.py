@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +19,7 @@ from advisory_lock import LockNotAcquired
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
 from advisory_lock.backends import get_backend
+from advisory_lock.keys import make_key
 from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.servers import backend_id
@@ -191,6 +195,45 @@ def test_a_killed_holder_connection_frees_the_lock(using):
                 assert is_free("victim", using)
 
     in_other_connection(take_and_get_killed)
+
+
+# SQLite
+
+sqlite_only = pytest.mark.parametrize("using", ["default"], indirect=True)
+
+_FLOCK_WITHOUT_RECORD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@sqlite_only
+def test_a_holder_is_named_by_the_kernel_not_by_a_stale_record(using):
+    # A holder caught between its flock and writing its record: the file still names the
+    # previous holder. The busy side must name the process that holds the flock.
+    backend = get_backend(connections[using])
+    db_key = backend.db_key(make_key("report:stale-record"))
+    with advisory_lock("report:stale-record", using=using):
+        pass  # leaves this process's record in the file
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _FLOCK_WITHOUT_RECORD, db_key],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with advisory_lock("report:stale-record", using=using, wait=False) as handle:
+            assert not handle
+        found = backend.holder(db_key)
+        assert found["pid"] == holder.pid != os.getpid()
+        assert "since" not in found  # the record in the file is not this holder's
+    finally:
+        holder.communicate("")
+    assert backend.holder(db_key) is None  # nobody holds it now
 
 
 def test_an_unsupported_engine_is_named_in_the_error():

@@ -132,28 +132,20 @@ class SQLiteBackend(LockBackend):
             for path in folder.glob("*.lock"):
                 with contextlib.suppress(OSError):
                     files[os.stat(path).st_ino] = str(path)
-        try:
-            proc_locks = Path("/proc/locks").read_text().splitlines()
-        except OSError:
+        flocks = _kernel_flocks()
+        if flocks is None:
             return "lock files", "This OS does not tell which process holds a file lock.", []
         locks = []
-        for line in proc_locks:
-            # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have a "->" before it.
-            fields = line.replace("->", " -> ").split()
-            waiting = "->" in fields
-            fields = [field for field in fields if field != "->"]
-            if len(fields) < 6 or fields[1] != "FLOCK":
-                continue
-            inode = int(fields[5].rsplit(":", 1)[1])
+        for inode, pid, exclusive, waiting in flocks:
             if inode not in files:
                 continue
-            holder = self.holder(files[inode]) or {}
+            holder = self._recorded_holder(files[inode], pid) or {}
             locks.append(
                 {
                     "db_key": files[inode],
-                    "mode": "exclusive" if fields[3] == "WRITE" else "shared",
+                    "mode": "exclusive" if exclusive else "shared",
                     "granted": not waiting,
-                    "pid": int(fields[4]),
+                    "pid": pid,
                     "host": holder.get("host"),
                     "backend_start": holder.get("since"),
                     "held_for": holder.get("held_for") if not waiting else None,
@@ -169,16 +161,42 @@ class SQLiteBackend(LockBackend):
         return datetime.datetime.now(datetime.timezone.utc)
 
     def holder(self, db_key: Any) -> dict[str, Any] | None:
+        """Who holds the lock file: the kernel's lock table names the pid, the file the rest.
+
+        The record in the file is written just after the ``flock`` is taken, so a busy instance
+        can read it a moment too early (empty, or the previous holder's); the kernel's pid is
+        never stale.
+        """
+        try:
+            inode = os.stat(db_key).st_ino
+        except OSError:
+            return None
+        flocks = _kernel_flocks()
+        if flocks is None:
+            return self._recorded_holder(db_key, None)
+        holders = [
+            (not exclusive, pid)
+            for lock_inode, pid, exclusive, waiting in flocks
+            if lock_inode == inode and not waiting
+        ]
+        if not holders:
+            return None
+        pid = min(holders)[1]  # the exclusive holder when there is one
+        return self._recorded_holder(db_key, pid) or {"pid": pid, "host": socket.gethostname()}
+
+    @staticmethod
+    def _recorded_holder(db_key: str, pid: int | None) -> dict[str, Any] | None:
+        """The record in the lock file, if it is that of ``pid`` (any pid when ``None``)."""
         try:
             with open(db_key) as lock_file:
-                text = lock_file.read()
+                text = lock_file.readline()
         except OSError:
             return None
         fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
-        if "pid" not in fields:
+        if not fields.get("pid", "").isdigit() or pid not in (None, int(fields["pid"])):
             return None
         holder: dict[str, Any] = {"pid": int(fields["pid"]), "host": fields.get("host")}
-        if "since" in fields:
+        with contextlib.suppress(KeyError, ValueError):
             since = datetime.datetime.fromisoformat(fields["since"])
             holder["since"] = since
             holder["held_for"] = (
@@ -228,5 +246,26 @@ def _write_holder(fd: int) -> None:
     """Record who holds an exclusive lock in its file, so that a busy instance can say."""
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record = f"pid={os.getpid()} host={socket.gethostname()} since={since}\n".encode()
-    os.ftruncate(fd, 0)
+    # Write, then cut: a reader never sees an empty file, only the first line is read.
     os.pwrite(fd, record, 0)
+    os.ftruncate(fd, len(record))
+
+
+def _kernel_flocks() -> list[tuple[int, int, bool, bool]] | None:
+    """``(inode, pid, exclusive, waiting)`` per ``flock`` in /proc/locks; ``None`` off Linux."""
+    try:
+        with open("/proc/locks") as proc_locks:
+            lines = proc_locks.read().splitlines()
+    except OSError:
+        return None
+    flocks = []
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have a "->" before it.
+        fields = line.replace("->", " -> ").split()
+        waiting = "->" in fields
+        fields = [field for field in fields if field != "->"]
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        inode = int(fields[5].rsplit(":", 1)[1])
+        flocks.append((inode, int(fields[4]), fields[3] == "WRITE", waiting))
+    return flocks

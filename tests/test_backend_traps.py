@@ -92,6 +92,25 @@ def test_a_statement_timeout_is_not_lock_not_acquired(using):
 
 
 @postgresql_only
+def test_prepared_lock_statements_survive_deallocate_and_stay_one_statement_each(using):
+    connection = connections[using]
+    for _ in range(4):  # prepared on their third run (the first try is not guarded yet)
+        with advisory_lock("prepared", using=using, wait=False):
+            pass
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(name, 'advisory_lock_')"
+        )
+        assert cursor.fetchone()[0] == 2
+        cursor.execute("DEALLOCATE ALL")
+    with CaptureQueriesContext(connection) as queries:
+        with advisory_lock("prepared", using=using, wait=False) as handle:
+            assert handle.acquired and not is_free("prepared", using)
+    assert len(queries) == 2
+    assert is_free("prepared", using)
+
+
+@postgresql_only
 def test_a_full_lock_table_raises_an_error_naming_max_locks_per_transaction(using):
     locks = []
     try:

@@ -32,6 +32,9 @@ from advisory_lock import LockLost
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
 from advisory_lock.backends import get_backend
+from advisory_lock.backends.postgresql import _FAST_TRY_SQL
+from advisory_lock.backends.postgresql import _FAST_UNLOCK_SQL
+from advisory_lock.backends.postgresql import _STATEMENT_NAMES
 from advisory_lock.backends.postgresql import POOLED_ALIASES
 from advisory_lock.backends.postgresql import lock_row_ids
 from advisory_lock.backends.postgresql import reset_pooled_connection
@@ -272,6 +275,46 @@ def test_pooler_detected_when_acquiring_leaves_no_lock_behind(bouncer_alias, sta
     # The statement is guarded by the known server pid: on S1 it locked nothing.
     assert lock_holders(direct, "pooler:second") == []
     assert is_free("pooler:second", "postgresql")
+
+
+@pytest.mark.parametrize("other_server", ["unprepared", "prepared-by-another-client"])
+def test_pooler_detected_after_the_lock_statements_were_prepared(
+    bouncer_alias, stack, other_server
+):
+    # From their third run on a connection, the try and unlock are prepared statements, on
+    # the server connection they ran on. Moved to another one, the statement is unknown there
+    # (it is run again unprepared, guarded), or another client of this library prepared the
+    # same name there: either way the guard keeps it from locking anything.
+    bouncer = bouncer_alias("transaction", 2)
+    c, d = bouncer_client(stack, bouncer), bouncer_client(stack, bouncer)
+    direct = stack.enter_context(direct_connection())
+
+    c.execute("BEGIN")
+    s1 = c.execute("SELECT pg_backend_pid()").fetchone()[0]  # C keeps S1 until it commits
+    for _ in range(4):
+        with advisory_lock("pooler:warm", using="bouncer", wait=False) as handle:
+            assert handle.acquired
+            [(s2, _)] = lock_holders(direct, "pooler:warm")
+    try_sql = _FAST_TRY_SQL[False, False, True]  # exclusive, bigint key, guarded
+    unlock_sql = _FAST_UNLOCK_SQL[False, False, True]
+    name = _STATEMENT_NAMES[try_sql].decode()
+    with connections["bouncer"].cursor() as cursor:  # S2 is the only free server connection
+        cursor.execute("SELECT pg_backend_pid(), name FROM pg_prepared_statements")
+        assert sorted(cursor.fetchall()) == sorted(
+            [(s2, name), (s2, _STATEMENT_NAMES[unlock_sql].decode())]
+        )
+    if other_server == "prepared-by-another-client":
+        c.execute(f"PREPARE {name}(integer, bigint) AS {try_sql.decode()}")  # on S1
+    d.execute("BEGIN")
+    assert d.execute("SELECT pg_backend_pid()").fetchone()[0] == s2  # D now has S2
+    c.execute("COMMIT")  # only S1 is free: the next lock statement runs there
+    assert s1 != s2
+    with pytest.raises(NotSupportedError, match="pooler"):
+        with advisory_lock("pooler:warm", using="bouncer", wait=False):
+            pytest.fail("the block must not run when the pooler is detected on entry")
+    d.execute("COMMIT")
+    assert "bouncer" in POOLED_ALIASES
+    assert lock_holders(direct, "pooler:warm") == []
 
 
 # 3. A declared transaction pooler: session locks refused up front, transaction locks work.

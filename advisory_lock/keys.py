@@ -112,7 +112,11 @@ def shorten(text: str, max_length: int, *, forbidden: str = "") -> str:
     The hash covers the exact text, so distinct texts never map to one name (barring a
     100-bit SHA-256 collision), whatever case folding or collation the database applies.
     """
-    if len(text) <= max_length and all(c in _PLAIN_CHARS and c not in forbidden for c in text):
+    if (
+        len(text) <= max_length
+        and _PLAIN_CHARS.issuperset(text)
+        and (not forbidden or set(forbidden).isdisjoint(text))
+    ):
         return text
     digest = base64.b32encode(hashlib.sha256(text.encode()).digest()).decode().lower()
     room = max_length - len(_HASH_MARK) - _HASH_LENGTH

@@ -15,6 +15,8 @@ import re
 import time
 from typing import Any
 
+from MySQLdb import _mysql
+
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.keys import LockKey
@@ -25,6 +27,8 @@ MAX_NAME_LENGTH = 64
 # "for ever". MariaDB's "for ever" is therefore a long bound: about 68 years.
 _MARIADB_FOREVER = 2**31 - 1
 _POLL_INTERVAL = 0.02
+# mysql_real_query itself, without MySQLdb's Python wrapper (which only copies bytearrays).
+_query = _mysql.connection.query
 # A waiting GET_LOCK shows its statement in the processlist; mysqlclient inlines the name.
 _WAITING_NAME = re.compile(r"GET_LOCK\('((?:[^'\\]|\\.)*)'", re.IGNORECASE)
 _PERFORMANCE_SCHEMA_SQL = (
@@ -53,24 +57,23 @@ class MySQLBackend(LockBackend):
     def acquire(
         self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
     ) -> bool:
-        with self.connection.wrap_database_errors:
-            if timeout is None:
-                return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)
-            if timeout == int(timeout) or self._is_mariadb():
-                # MariaDB honours fractions of a second; MySQL reads the timeout as an integer.
-                return self._get_lock(db_key, timeout)
-            # MySQL and a fractional bound: wait the whole seconds, then poll the rest.
-            deadline = time.monotonic() + timeout
-            if self._get_lock(db_key, math.floor(timeout)):
+        if timeout is None:
+            return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)
+        if timeout == int(timeout) or self._is_mariadb():
+            # MariaDB honours fractions of a second; MySQL reads the timeout as an integer.
+            return self._get_lock(db_key, timeout)
+        # MySQL and a fractional bound: wait the whole seconds, then poll the rest.
+        deadline = time.monotonic() + timeout
+        if self._get_lock(db_key, math.floor(timeout)):
+            return True
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_POLL_INTERVAL, left))
+            if self._get_lock(db_key, 0):
                 return True
-            while (left := deadline - time.monotonic()) > 0:
-                time.sleep(min(_POLL_INTERVAL, left))
-                if self._get_lock(db_key, 0):
-                    return True
-            return False
+        return False
 
     def _get_lock(self, name: str, timeout: float) -> bool:
-        (result,) = self.run("SELECT GET_LOCK(%s, %s)", (name, timeout))
+        result = self._select(b"SELECT GET_LOCK(%s, %s)", name, str(timeout).encode())
         if result is None:
             # NULL is an error, not "busy": the waiting connection was killed, or the server
             # ran out of memory.
@@ -82,10 +85,27 @@ class MySQLBackend(LockBackend):
         return result == 1
 
     def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
-        with self.connection.wrap_database_errors:
-            (result,) = self.run("SELECT RELEASE_LOCK(%s)", (db_key,))
+        result = self._select(b"SELECT RELEASE_LOCK(%s)", db_key)
         # 1: released; 0: held by another connection; NULL: nobody holds it.
         return result == 1
+
+    def _select(self, template: bytes, name: str, *more: bytes) -> Any:
+        """Run a one-value lock statement straight through the client library (query and
+        store_result): a cursor's Python work would cost a third of the round trip. Driver
+        errors come out as Django's, as from a cursor."""
+        connection = self.connection
+        raw = self.driver_connection()
+        sql = template % (raw.string_literal(name.encode()), *more)
+        start = time.monotonic() if connection.queries_logged else None
+        try:
+            _query(raw, sql)
+            return raw.store_result().fetch_row()[0][0]
+        except Exception:
+            with connection.wrap_database_errors:
+                raise
+        finally:
+            if start is not None:
+                self.log_query(sql.decode(), start)
 
     def release_all(self) -> None:
         with self.connection.wrap_database_errors:

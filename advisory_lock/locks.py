@@ -56,6 +56,7 @@ class LockHandle:
     lock_key: LockKey | None = field(default=None, repr=False)
     _token: object = field(default=None, repr=False)
     _backend: LockBackend | None = field(default=None, repr=False)
+    _outer: LockHandle | None = field(default=None, repr=False)  # the enclosing block's
 
     def __bool__(self) -> bool:
         return self.acquired
@@ -96,10 +97,10 @@ class AdvisoryLock:
             )
         self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
         self._timeout = _checked_timeout(wait, timeout)
-        # Handles of the blocks this object is in, per thread id: one decorated function (one
-        # object) runs in many threads at once. (A threading.local per object would cost
-        # more than the rest of the object's set-up.)
-        self._stacks: dict[int, list[LockHandle]] = {}
+        # The innermost handle of the blocks this object is in, per thread id (each links to
+        # the one it is nested in): one decorated function (one object) runs in many threads
+        # at once. (A threading.local per object would cost more than the rest of __init__.)
+        self._innermost: dict[int, LockHandle] = {}
 
     def __repr__(self) -> str:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
@@ -112,7 +113,10 @@ class AdvisoryLock:
                 f"Shared locks are not supported on {backend.describe()}: MySQL and MariaDB "
                 f"have no shared named locks. Lock {self.lock_key.label} exclusively."
             )
-        scope = self._resolve_scope(connection)
+        if self.scope == "auto" and not connection.in_atomic_block:
+            scope: Literal["session", "transaction"] = "session"
+        else:
+            scope = self._resolve_scope(connection)
         if scope == "session" and (problem := backend.session_lock_problem()):
             raise NotSupportedError(problem)
         db_key = backend.db_key(self.lock_key)
@@ -122,18 +126,19 @@ class AdvisoryLock:
             db_key, shared=self.shared, transaction=native, timeout=self._timeout
         )
         now = time.monotonic()
+        # Positional: a third of the cost of passing these by keyword.
         handle = LockHandle(
-            key=self.key,
-            db_key=db_key,
-            using=self.using,
-            scope=scope,
-            shared=self.shared,
-            acquired=acquired,
-            wait_time=now - started,
-            acquired_at=now if acquired else None,
-            lock_key=self.lock_key,
-            _token=backend.holder_token(),
-            _backend=backend,
+            self.key,
+            db_key,
+            self.using,
+            scope,
+            self.shared,
+            acquired,
+            now - started,
+            now if acquired else None,
+            self.lock_key,
+            backend.holder_token(),
+            backend,
         )
         if not acquired:
             logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
@@ -158,15 +163,16 @@ class AdvisoryLock:
                 _release_at_transaction_end(backend, handle, after_rollback=False)
             elif signals.lock_released.receivers:
                 _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
-        self._stacks.setdefault(get_ident(), []).append(handle)
+        thread = get_ident()
+        handle._outer = self._innermost.get(thread)
+        self._innermost[thread] = handle
         return handle
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         thread = get_ident()
-        stack = self._stacks[thread]
-        handle = stack.pop()
-        if not stack:
-            del self._stacks[thread]
+        handle = self._innermost.pop(thread)
+        if handle._outer is not None:
+            self._innermost[thread] = handle._outer
         if handle.acquired and handle.scope == "session":
             backend = handle._backend
             holds = backend.session_holds

@@ -10,6 +10,7 @@ connection. There are no shared named locks and no transaction-level ones.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import re
 import time
@@ -47,16 +48,24 @@ _METADATA_LOCK_INFO_SQL = (
 _PROCESSLIST_SQL = "SELECT ID, USER, HOST, TIME, STATE, INFO FROM information_schema.PROCESSLIST"
 
 
+@functools.lru_cache(maxsize=1024)
+def _lock_name(database: str, identity: str) -> str:
+    """The server-wide lock name of a key in ``database`` (recent ones cached: a hash)."""
+    return shorten(f"{database}/{identity}", MAX_NAME_LENGTH)
+
+
 class MySQLBackend(LockBackend):
     vendor = "mysql"
     supports_shared = False
 
     def db_key(self, key: LockKey) -> str:
-        return shorten(f"{self.connection.settings_dict['NAME']}/{key.identity}", MAX_NAME_LENGTH)
+        return _lock_name(self.connection.settings_dict["NAME"], key.identity)
 
     def acquire(
         self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
     ) -> bool:
+        if timeout == 0:
+            return self._get_lock(db_key, 0)
         if timeout is None:
             return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)
         if timeout == int(timeout) or self._is_mariadb():
@@ -73,7 +82,7 @@ class MySQLBackend(LockBackend):
         return False
 
     def _get_lock(self, name: str, timeout: float) -> bool:
-        result = self._select(b"SELECT GET_LOCK(%s, %s)", name, str(timeout).encode())
+        result = self._select(b"SELECT GET_LOCK(%s, %s)", name, b"%r" % timeout)
         if result is None:
             # NULL is an error, not "busy": the waiting connection was killed, or the server
             # ran out of memory.
@@ -228,7 +237,11 @@ class MySQLBackend(LockBackend):
         )
 
     def _is_mariadb(self) -> bool:
-        # From the handshake, not Django's mysql_is_mariadb (which may run a query).
-        if self.connection.connection is None:
-            self.connection.ensure_connection()
-        return "mariadb" in self.connection.connection.get_server_info().lower()
+        # From the handshake, not Django's mysql_is_mariadb (which may run a query); noted on
+        # the driver connection, so that it lives exactly as long.
+        raw = self.driver_connection()
+        try:
+            return raw._advisory_lock_is_mariadb
+        except AttributeError:
+            raw._advisory_lock_is_mariadb = "mariadb" in raw.get_server_info().lower()
+            return raw._advisory_lock_is_mariadb

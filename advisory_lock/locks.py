@@ -141,8 +141,11 @@ class AdvisoryLock:
             backend,
         )
         if not acquired:
-            logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
-            _send(signals.lock_busy, self, handle)
+            # Under contention most tries fail: build nothing that nobody reads.
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
+            if signals.lock_busy.receivers:
+                _send(signals.lock_busy, self, handle)
             if self.wait:
                 waited = (
                     f"gave up after {self.timeout:g}s"

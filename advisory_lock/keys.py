@@ -84,6 +84,8 @@ class LockKey:
 
 def make_key(key: object, namespace: str | None = None) -> LockKey:
     """Validate ``key`` and return a LockKey; raise TypeError or ValueError naming the forms."""
+    if type(key) is int and key in INT64_RANGE:  # the common cases first: a lock's hot path
+        return LockKey(key)
     if isinstance(key, LockKey):
         return key
     if isinstance(key, bool):

@@ -72,6 +72,19 @@ class AdvisoryLock:
     object is reusable; as a decorator each call takes the lock anew.
     """
 
+    # One is made per ``with advisory_lock(...)``: no instance dict to allocate.
+    __slots__ = (
+        "_innermost",
+        "_timeout",
+        "key",
+        "lock_key",
+        "scope",
+        "shared",
+        "timeout",
+        "using",
+        "wait",
+    )
+
     def __init__(
         self,
         key: Key,

@@ -20,6 +20,7 @@ from MySQLdb import _mysql
 
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import shorten
 
@@ -49,9 +50,9 @@ _PROCESSLIST_SQL = "SELECT ID, USER, HOST, TIME, STATE, INFO FROM information_sc
 
 
 @functools.lru_cache(maxsize=1024)
-def _lock_name(database: str, identity: str) -> str:
+def _lock_name(database: str, value: Key, namespace: str | None) -> str:
     """The server-wide lock name of a key in ``database`` (recent ones cached: a hash)."""
-    return shorten(f"{database}/{identity}", MAX_NAME_LENGTH)
+    return shorten(f"{database}/{LockKey(value, namespace).identity}", MAX_NAME_LENGTH)
 
 
 class MySQLBackend(LockBackend):
@@ -59,7 +60,7 @@ class MySQLBackend(LockBackend):
     supports_shared = False
 
     def db_key(self, key: LockKey) -> str:
-        return _lock_name(self.connection.settings_dict["NAME"], key.identity)
+        return _lock_name(self.connection.settings_dict["NAME"], key.value, key.namespace)
 
     def acquire(
         self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None

@@ -240,9 +240,9 @@ class MySQLBackend(LockBackend):
     def _is_mariadb(self) -> bool:
         # From the handshake, not Django's mysql_is_mariadb (which may run a query); noted on
         # the driver connection, so that it lives exactly as long.
-        raw = self.driver_connection()
         try:
-            return raw._advisory_lock_is_mariadb
-        except AttributeError:
+            return self.connection.connection._advisory_lock_is_mariadb
+        except AttributeError:  # not noted yet, or not connected yet (None)
+            raw = self.driver_connection()
             raw._advisory_lock_is_mariadb = "mariadb" in raw.get_server_info().lower()
             return raw._advisory_lock_is_mariadb

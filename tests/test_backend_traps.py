@@ -19,6 +19,9 @@ from advisory_lock import LockNotAcquired
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
 from advisory_lock.backends import get_backend
+from advisory_lock.backends.postgresql import _FAST_TRY_SQL
+from advisory_lock.backends.postgresql import _FAST_UNLOCK_SQL
+from advisory_lock.backends.postgresql import _STATEMENT_NAMES
 from advisory_lock.keys import make_key
 from tests.probes import in_other_connection
 from tests.probes import is_free
@@ -108,6 +111,23 @@ def test_prepared_lock_statements_survive_deallocate_and_stay_one_statement_each
             assert handle.acquired and not is_free("prepared", using)
     assert len(queries) == 2
     assert is_free("prepared", using)
+
+
+@postgresql_only
+def test_lock_statements_already_prepared_on_the_server_connection_are_used(using):
+    # A server connection can outlive its client (a pooler that does not DISCARD ALL between
+    # clients): the next client finds our statements prepared under their names.
+    connection = connections[using]
+    with advisory_lock("prepared-before", using=using, wait=False):  # learns the server pid
+        pass
+    with connection.cursor() as cursor:
+        for sql in (_FAST_TRY_SQL[False, False, True], _FAST_UNLOCK_SQL[False, False, True]):
+            name = _STATEMENT_NAMES[sql].decode()
+            cursor.execute(f"PREPARE {name}(integer, bigint) AS {sql.decode()}")
+    for _ in range(4):
+        with advisory_lock("prepared-before", using=using, wait=False) as handle:
+            assert handle.acquired and not is_free("prepared-before", using)
+    assert is_free("prepared-before", using)
 
 
 @postgresql_only

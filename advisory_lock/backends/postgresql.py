@@ -99,6 +99,7 @@ _STATEMENT_NAMES = {
 _PREPARE_AFTER = 2
 _SQLSTATE = 0x43  # PG_DIAG_SQLSTATE
 _UNKNOWN_STATEMENT = b"26000"  # invalid_sql_statement_name: no such prepared statement
+_DUPLICATE_STATEMENT = b"42P05"  # duplicate_prepared_statement
 _INT8, _INT4 = 20, 23  # type oids of the parameters: a bigint key, or an int pair
 # (pair, number of parameters) → their types: the key's, after the guard's pid if guarded.
 _TYPES = {
@@ -322,10 +323,17 @@ class PostgreSQLBackend(LockBackend):
                 uses[sql] = count + 1
                 result = pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
             else:
-                result = pgconn.prepare(_STATEMENT_NAMES[sql], sql, _TYPES[pair, len(params)])
-                if result.status == ExecStatus.COMMAND_OK:
+                prepared = pgconn.prepare(_STATEMENT_NAMES[sql], sql, _TYPES[pair, len(params)])
+                # Already there (the server connection outlived an earlier client of ours): a
+                # name stands for one statement text, so it is this one.
+                if prepared.status == ExecStatus.COMMAND_OK or (
+                    prepared.error_field(_SQLSTATE) == _DUPLICATE_STATEMENT
+                ):
                     uses[sql] = -1
                     result = pgconn.exec_prepared(_STATEMENT_NAMES[sql], values)
+                else:  # preparing is only a saving: never let it fail the lock
+                    uses[sql] = 0
+                    result = pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
         if logged:
             readable = sql.decode()
             for number in range(len(params), 0, -1):

@@ -56,34 +56,18 @@ from fleet import affinity_note  # noqa: E402
 from fleet import library_revision  # noqa: E402
 from fleet import pinned  # noqa: E402
 from fleet import wait_until_quiet  # noqa: E402
+from servers import MY  # noqa: E402
+from servers import MY_PARAMS  # noqa: E402
+from servers import PG  # noqa: E402
+from servers import PG_PARAMS  # noqa: E402
+from servers import databases  # noqa: E402
 
-PG = "postgresql"
-MY = "mysql"
-PG_PARAMS = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
-MY_PARAMS = {"host": "127.0.0.1", "port": 3306, "user": "root", "database": "test"}
 REDIS_PARAMS = {"host": "127.0.0.1", "port": 6379}
 
 settings.configure(
     DEBUG=False,
     USE_TZ=True,
-    DATABASES={
-        "default": {},
-        PG: {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": PG_PARAMS["dbname"],
-            "USER": PG_PARAMS["user"],
-            "HOST": PG_PARAMS["host"],
-            "PORT": str(PG_PARAMS["port"]),
-        },
-        MY: {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": MY_PARAMS["database"],
-            "USER": MY_PARAMS["user"],
-            "HOST": MY_PARAMS["host"],
-            "PORT": str(MY_PARAMS["port"]),
-            "OPTIONS": {"charset": "utf8mb4"},
-        },
-    },
+    DATABASES=databases(),
     INSTALLED_APPS=["django.contrib.contenttypes", "advisory_lock"],
     DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
 )

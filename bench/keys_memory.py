@@ -45,27 +45,21 @@ from fleet import affinity_note  # noqa: E402
 from fleet import library_revision  # noqa: E402
 from fleet import pinned  # noqa: E402
 from fleet import wait_until_quiet  # noqa: E402
+from servers import PG  # noqa: E402
+from servers import PG_PARAMS  # noqa: E402
+from servers import databases  # noqa: E402
 
-PG = "postgresql"
-PG_PARAMS = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 FOLDER = Path(tempfile.mkdtemp(prefix="advisory-lock-keys-"))
 
 settings.configure(
     DEBUG=False,
     USE_TZ=True,
-    DATABASES={
-        "default": {
+    DATABASES=databases(
+        {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(FOLDER / "bench.sqlite3"),
-        },
-        PG: {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": PG_PARAMS["dbname"],
-            "USER": PG_PARAMS["user"],
-            "HOST": PG_PARAMS["host"],
-            "PORT": str(PG_PARAMS["port"]),
-        },
-    },
+        }
+    ),
     INSTALLED_APPS=["django.contrib.contenttypes", "advisory_lock"],
     DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
 )

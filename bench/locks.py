@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import os
 import platform
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,14 +45,16 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
+sys.path.insert(0, str(BENCH_DIR))
 
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
-
-PG = "postgresql"
-MY = "mysql"
-PG_PARAMS = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
-MY_PARAMS = {"host": "127.0.0.1", "port": 3306, "user": "root", "database": "test"}
+from fleet import library_revision  # noqa: E402
+from servers import MY  # noqa: E402
+from servers import MY_PARAMS  # noqa: E402
+from servers import PG  # noqa: E402
+from servers import PG_PARAMS  # noqa: E402
+from servers import databases  # noqa: E402
 
 
 def _installed(module: str) -> bool:
@@ -72,24 +72,7 @@ HAS_DJANGO_MYSQL = _installed("django_mysql")
 settings.configure(
     DEBUG=False,
     USE_TZ=True,
-    DATABASES={
-        "default": {},
-        PG: {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": PG_PARAMS["dbname"],
-            "USER": PG_PARAMS["user"],
-            "HOST": PG_PARAMS["host"],
-            "PORT": str(PG_PARAMS["port"]),
-        },
-        MY: {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": MY_PARAMS["database"],
-            "USER": MY_PARAMS["user"],
-            "HOST": MY_PARAMS["host"],
-            "PORT": str(MY_PARAMS["port"]),
-            "OPTIONS": {"charset": "utf8mb4"},
-        },
-    },
+    DATABASES=databases(),
     INSTALLED_APPS=[
         "django.contrib.contenttypes",
         "advisory_lock",
@@ -504,24 +487,6 @@ def server_affinities() -> str:
     return "; ".join(f"{name} on CPUs {' | '.join(sorted(cpus))}" for name, cpus in found.items())
 
 
-def library_revision() -> str:
-    """The checkout's commit, and whether advisory_lock/ has uncommitted changes."""
-    try:
-        git = ["git", "-C", str(BENCH_DIR.parent)]
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown revision"
-    if not diff:
-        return f"commit {commit}"
-    digest = hashlib.sha1(diff).hexdigest()[:10]
-    return f"commit {commit} + uncommitted changes in advisory_lock/ (diff sha1 {digest})"
-
-
 def package(name: str) -> str:
     try:
         return dist_version(name)
@@ -546,7 +511,7 @@ def header(pg_raw: Any, my_raw: Any) -> str:
         [
             "# advisory_lock: uncontended acquire + release",
             "",
-            f"- advisory_lock at {library_revision()}",
+            f"- {library_revision()}",
             f"- PostgreSQL {pg_version}; MariaDB {my_version}",
             f"- Django {django.get_version()}; psycopg {psycopg.__version__} "
             f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()}); "

@@ -6,12 +6,12 @@ import functools
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from numbers import Real
 from threading import get_ident
+from time import monotonic
 from typing import Any
 from typing import Literal
 from typing import TypeVar
@@ -35,6 +35,7 @@ from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 
 logger = logging.getLogger("advisory_lock")
+_new_object = object.__new__
 
 Scope = Literal["auto", "session", "transaction"]
 SCOPES = ("auto", "session", "transaction")
@@ -95,21 +96,37 @@ class AdvisoryLock:
         shared: bool = False,
         scope: Scope = "auto",
     ) -> None:
+        self._setup(key, using, wait, timeout, shared, scope)
+
+    def _setup(
+        self,
+        key: Key,
+        using: str | None,
+        wait: bool,
+        timeout: float | None,
+        shared: bool,
+        scope: Scope,
+    ) -> None:
+        """Validate the arguments and set the lock up (``__init__``, with positional arguments)."""
         self.key = key
         self.lock_key: LockKey = make_key(key)
         if using is not None and not isinstance(using, str):
             raise TypeError(f"using must be a database alias (str) or None, not {using!r}.")
         self.using = using or DEFAULT_DB_ALIAS
-        if not isinstance(wait, bool):
+        # Identity tests, not isinstance(): one lock is made per ``with``, and they are as exact.
+        if wait is not True and wait is not False:
             raise TypeError(f"wait must be True or False, not {wait!r}.")
-        if not isinstance(shared, bool):
+        if shared is not True and shared is not False:
             raise TypeError(f"shared must be True or False, not {shared!r}.")
         if scope not in SCOPES:
             raise ValueError(
                 f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}."
             )
         self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
-        self._timeout = _checked_timeout(wait, timeout)
+        if timeout is None:
+            self._timeout = None if wait else 0
+        else:
+            self._timeout = _checked_timeout(wait, timeout)
         # The innermost handle of the blocks this object is in, per thread id (each links to
         # the one it is nested in): one decorated function (one object) runs in many threads
         # at once. (A threading.local per object would cost more than the rest of __init__.)
@@ -134,11 +151,12 @@ class AdvisoryLock:
             raise NotSupportedError(problem)
         db_key = backend.db_key(self.lock_key)
         native = scope == "transaction" and backend.native_transaction_scope
-        started = time.monotonic()
+        started = monotonic()
         acquired = backend.acquire(
             db_key, shared=self.shared, transaction=native, timeout=self._timeout
         )
-        now = time.monotonic()
+        now = monotonic()
+        thread, innermost = get_ident(), self._innermost
         # Positional: a third of the cost of passing these by keyword.
         handle = LockHandle(
             self.key,
@@ -152,6 +170,7 @@ class AdvisoryLock:
             self.lock_key,
             backend.holder_token(),
             backend,
+            innermost.get(thread),
         )
         if not acquired:
             # Under contention most tries fail: build nothing that nobody reads.
@@ -179,9 +198,7 @@ class AdvisoryLock:
                 _release_at_transaction_end(backend, handle, after_rollback=False)
             elif signals.lock_released.receivers:
                 _at_transaction_end(handle, lambda: _send(signals.lock_released, self, handle))
-        thread = get_ident()
-        handle._outer = self._innermost.get(thread)
-        self._innermost[thread] = handle
+        innermost[thread] = handle
         return handle
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
@@ -192,8 +209,9 @@ class AdvisoryLock:
         if handle.acquired and handle.scope == "session":
             backend = handle._backend
             holds = backend.session_holds
-            if holds.get(handle.db_key, 0) > 1:
-                holds[handle.db_key] -= 1
+            count = holds.get(handle.db_key, 0)
+            if count > 1:
+                holds[handle.db_key] = count - 1
             else:
                 holds.pop(handle.db_key, None)
             _release_session_lock(backend, handle, exc_value, self)
@@ -273,7 +291,11 @@ def advisory_lock(
     ``wait=True`` blocks until the lock is free, ``timeout`` bounds that wait (then
     ``LockNotAcquired``), ``wait=False`` tries once and yields a falsy handle when busy.
     """
-    return AdvisoryLock(key, using=using, wait=wait, timeout=timeout, shared=shared, scope=scope)
+    # Not AdvisoryLock(key, using=using, ...): calling a class with keyword arguments makes
+    # CPython build a dict of them for __init__, which costs as much as the rest of this.
+    lock = _new_object(AdvisoryLock)
+    lock._setup(key, using, wait, timeout, shared, scope)
+    return lock
 
 
 def _checked_timeout(wait: bool, timeout: object) -> float | None:
@@ -356,7 +378,7 @@ def _lost(
 def _send(signal: Any, sender: object, handle: LockHandle) -> None:
     if not signal.receivers:  # the common case, checked without building the receivers list
         return
-    held = time.monotonic() - handle.acquired_at if handle.acquired_at is not None else None
+    held = monotonic() - handle.acquired_at if handle.acquired_at is not None else None
     signal.send(
         sender=sender,
         key=handle.key,
@@ -443,14 +465,14 @@ class DedicatedLock:
         self._checker: threading.Thread | None = None
 
     def acquire(self, wait: float) -> bool:
-        started = time.monotonic()
+        started = monotonic()
         with self._mutex:
             acquired = self.backend.acquire(
                 self.db_key, shared=False, transaction=False, timeout=wait
             )
-        waited = time.monotonic() - started
+        waited = monotonic() - started
         if acquired:
-            self.acquired_at = time.monotonic()
+            self.acquired_at = monotonic()
             logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
         else:
             logger.info(
@@ -526,7 +548,7 @@ class DedicatedLock:
         self._stop.set()
         if self._watchdog is not None:
             self._watchdog.join()
-        held_for = time.monotonic() - (self.acquired_at or time.monotonic())
+        held_for = monotonic() - (self.acquired_at or monotonic())
         try:
             if not self.lost:
                 with self._mutex:

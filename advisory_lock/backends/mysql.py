@@ -66,24 +66,25 @@ class MySQLBackend(LockBackend):
         self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
     ) -> bool:
         if timeout == 0:
-            return self._get_lock(db_key, 0)
+            return self._get_lock(db_key, b"0")
         if timeout is None:
-            return self._get_lock(db_key, _MARIADB_FOREVER if self._is_mariadb() else -1)
+            return self._get_lock(db_key, b"%d" % (_MARIADB_FOREVER if self._is_mariadb() else -1))
         if timeout == int(timeout) or self._is_mariadb():
             # MariaDB honours fractions of a second; MySQL reads the timeout as an integer.
-            return self._get_lock(db_key, timeout)
+            return self._get_lock(db_key, b"%r" % timeout)
         # MySQL and a fractional bound: wait the whole seconds, then poll the rest.
         deadline = time.monotonic() + timeout
-        if self._get_lock(db_key, math.floor(timeout)):
+        if self._get_lock(db_key, b"%d" % math.floor(timeout)):
             return True
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(_POLL_INTERVAL, left))
-            if self._get_lock(db_key, 0):
+            if self._get_lock(db_key, b"0"):
                 return True
         return False
 
-    def _get_lock(self, name: str, timeout: float) -> bool:
-        result = self._select(b"SELECT GET_LOCK(%s, %s)", name, b"%r" % timeout)
+    def _get_lock(self, name: str, timeout: bytes) -> bool:
+        """GET_LOCK with ``timeout`` already written as SQL (seconds)."""
+        result = self._select(b"SELECT GET_LOCK(%s, %s)", name, timeout)
         if result is None:
             # NULL is an error, not "busy": the waiting connection was killed, or the server
             # ran out of memory.

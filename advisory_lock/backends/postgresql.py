@@ -208,29 +208,32 @@ class PostgreSQLBackend(LockBackend):
         guarded = not transaction and self._server_pid is not None
         if guarded:
             params = (self._server_pid, *params)
-        with self.connection.wrap_database_errors:
-            try:
-                variant = (timeout == 0, transaction, shared, pair, guarded)
-                if not transaction and _outside_transaction(raw):
-                    # Try first, through libpq: an uncontended lock costs one round trip
-                    # whatever the wait; only a busy one goes on to wait in the server.
-                    row = self._exec_fast(raw, _FAST_TRY_SQL[shared, pair, guarded], params, pair)
-                    if row[0] is False and timeout != 0:
-                        row = self._wait(variant, params, timeout)
-                elif timeout == 0:
-                    row = self.run(_LOCK_SQL[variant], params)
-                else:
-                    row = self._wait(variant, params, timeout)
-            except errors.LockNotAvailable:
-                # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
-                return False
-            except errors.OutOfMemory as exc:
-                raise AdvisoryLockError(
-                    f"PostgreSQL's lock table is full on {self.describe()} ({exc}). Each "
-                    f"advisory lock takes a slot; the table has max_locks_per_transaction x "
-                    f"(max_connections + max_prepared_transactions) slots. Release locks you "
-                    f"no longer need, or raise max_locks_per_transaction."
-                ) from exc
+        # Driver errors come out as Django's, as from a cursor; translated only when one is
+        # raised (a `with wrap_database_errors` around the call costs two Python calls).
+        try:
+            if not transaction and _outside_transaction(raw):
+                # Try first, through libpq: an uncontended lock costs one round trip
+                # whatever the wait; only a busy one goes on to wait in the server.
+                row = self._exec_fast(raw, _FAST_TRY_SQL[shared, pair, guarded], params, pair)
+                if row[0] is False and timeout != 0:
+                    row = self._wait((False, False, shared, pair, guarded), params, timeout)
+            elif timeout == 0:
+                row = self.run(_LOCK_SQL[True, transaction, shared, pair, guarded], params)
+            else:
+                row = self._wait((False, transaction, shared, pair, guarded), params, timeout)
+        except errors.LockNotAvailable:
+            # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
+            return False
+        except errors.OutOfMemory as exc:
+            raise AdvisoryLockError(
+                f"PostgreSQL's lock table is full on {self.describe()} ({exc}). Each "
+                f"advisory lock takes a slot; the table has max_locks_per_transaction x "
+                f"(max_connections + max_prepared_transactions) slots. Release locks you "
+                f"no longer need, or raise max_locks_per_transaction."
+            ) from exc
+        except Exception:
+            with self.connection.wrap_database_errors:
+                raise
         if row is None:
             return False  # the bounded wait ran out
         if not transaction and not self._same_server(row[1]):
@@ -272,7 +275,7 @@ class PostgreSQLBackend(LockBackend):
         guard = self._server_pid
         if guard is not None:
             params = (guard, *params)
-        with self.connection.wrap_database_errors:
+        try:
             if _outside_transaction(raw):
                 row = self._exec_fast(
                     raw, _FAST_UNLOCK_SQL[shared, pair, guard is not None], params, pair
@@ -283,6 +286,9 @@ class PostgreSQLBackend(LockBackend):
                     # Django has rolled back but not yet switched autocommit back on; psycopg
                     # opened a transaction for the unlock, which must not be left open.
                     raw.commit()
+        except Exception:
+            with self.connection.wrap_database_errors:  # as in acquire()
+                raise
         if not self._same_server(row[1]):
             raise LockLost(
                 f"The lock was taken on server pid {guard} of {self.describe()}, and the "

@@ -10,6 +10,7 @@ from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from advisory_lock import AdvisoryLock
 from advisory_lock import advisory_lock
 from advisory_lock.backends import get_backend
 from advisory_lock.keys import make_key
@@ -44,26 +45,51 @@ MALFORMED_OPTIONS = [
     ({"timeout": True}, ValueError),
     ({"wait": False, "timeout": 1}, ValueError),
     ({"wait": "yes"}, TypeError),
+    ({"wait": 1}, TypeError),
     ({"shared": 1}, TypeError),
+    ({"shared": None}, TypeError),
     ({"scope": "global"}, ValueError),
     ({"using": 3}, TypeError),
 ]
 
 
+# advisory_lock() builds the object without calling the class (see there): both must check.
+CONSTRUCTORS = pytest.mark.parametrize(
+    "make", [advisory_lock, AdvisoryLock], ids=lambda f: f.__name__
+)
+
+
+@CONSTRUCTORS
 @pytest.mark.parametrize(("key", "error"), MALFORMED_KEYS, ids=repr)
-def test_malformed_keys_are_refused_before_any_sql(using, key, error):
+def test_malformed_keys_are_refused_before_any_sql(using, make, key, error):
     with CaptureQueriesContext(connections[using]) as queries:
         with pytest.raises(error, match=r"str|int|range|blank|UTF-8|limit"):
-            advisory_lock(key, using=using)
+            make(key, using=using)
     assert len(queries) == 0
 
 
+@CONSTRUCTORS
 @pytest.mark.parametrize(("options", "error"), MALFORMED_OPTIONS, ids=repr)
-def test_malformed_options_are_refused_before_any_sql(using, options, error):
-    options.setdefault("using", using)
+def test_malformed_options_are_refused_before_any_sql(using, make, options, error):
+    options = {"using": using, **options}
     with CaptureQueriesContext(connections[using]) as queries, pytest.raises(error):
-        advisory_lock("job", **options)
+        make("job", **options)
     assert len(queries) == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"wait": False}, {"timeout": 2.5}, {"shared": True, "scope": "session"}, {"using": ""}],
+    ids=repr,
+)
+def test_the_function_and_the_class_make_the_same_lock(options):
+    attributes = ("key", "lock_key", "using", "wait", "timeout", "shared", "scope", "_timeout")
+    function_made = advisory_lock("job", **options)
+    class_made = AdvisoryLock("job", **options)
+    assert type(function_made) is AdvisoryLock
+    for name in attributes:
+        assert getattr(function_made, name) == getattr(class_made, name), name
+    assert function_made.using == (options.get("using") or "default")
 
 
 def test_allowed_key_forms_are_accepted():

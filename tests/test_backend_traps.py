@@ -219,6 +219,28 @@ def test_waiting_for_ever_sends_no_negative_timeout_to_mariadb(using):
 
 
 @mysql_only
+@pytest.mark.parametrize(
+    "name", ["test/plain:name~x", "it's", "back\\slash", "nul\x00", "ünïcode"], ids=repr
+)
+def test_lock_names_that_need_escaping_are_escaped_by_the_driver(using, name):
+    # Lock names are quoted without the driver when no server would escape them; any other
+    # name (none is made by db_key(), but the backend takes any) goes through its escaping.
+    backend = get_backend(connections[using])
+    assert backend.acquire(name, shared=False, transaction=False, timeout=0)
+
+    def used(name):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT IS_USED_LOCK(%s) IS NOT NULL", [name])
+            return cursor.fetchone()[0]
+
+    try:
+        assert in_other_connection(used, name) == 1  # held under exactly that name
+    finally:
+        assert backend.release(name, shared=False)
+    assert in_other_connection(used, name) == 0
+
+
+@mysql_only
 def test_shared_locks_are_not_supported_on_mysql(using):
     with pytest.raises(NotSupportedError, match="mysql"):
         with advisory_lock("shared", using=using, shared=True):

@@ -13,6 +13,7 @@ import datetime
 import functools
 import math
 import re
+import string
 import time
 from typing import Any
 
@@ -53,6 +54,18 @@ _PROCESSLIST_SQL = "SELECT ID, USER, HOST, TIME, STATE, INFO FROM information_sc
 def _lock_name(database: str, value: Key, namespace: str | None) -> str:
     """The server-wide lock name of a key in ``database`` (recent ones cached: a hash)."""
     return shorten(f"{database}/{LockKey(value, namespace).identity}", MAX_NAME_LENGTH)
+
+
+# Characters that no server escapes in a string literal, whatever the connection's character
+# set or sql_mode: every lock name is made of them (shorten() keeps or hashes to them).
+_UNESCAPED = frozenset(string.ascii_letters + string.digits + "_.:-/,#@+=~")
+
+
+@functools.lru_cache(maxsize=1024)
+def _quoted(name: str) -> bytes | None:
+    """``name`` as an SQL string literal, or None if only the connection can escape it (the
+    driver's escaping costs as much as the rest of the statement's Python)."""
+    return b"'%s'" % name.encode() if _UNESCAPED.issuperset(name) else None
 
 
 class MySQLBackend(LockBackend):
@@ -106,7 +119,7 @@ class MySQLBackend(LockBackend):
         errors come out as Django's, as from a cursor."""
         connection = self.connection
         raw = self.driver_connection()
-        sql = template % (raw.string_literal(name.encode()), *more)
+        sql = template % (_quoted(name) or raw.string_literal(name.encode()), *more)
         start = time.monotonic() if connection.queries_logged else None
         try:
             _query(raw, sql)

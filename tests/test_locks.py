@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.db import connections
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from advisory_lock import LockLost
 from advisory_lock import LockNotAcquired
 from advisory_lock import advisory_lock
+from advisory_lock.backends.base import queries_logged
 from tests.probes import in_other_connection
 from tests.probes import is_free
 
@@ -227,6 +230,43 @@ def test_uncontended_try_and_release_are_one_statement_each(using):
         lock.__exit__(None, None, None)
     assert len(acquire) == ONE_STATEMENT[using]
     assert len(release) == ONE_STATEMENT[using]
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_lock_statements_are_logged_exactly_when_django_logs_queries(using):
+    # The backends read DEBUG without going through LazySettings' __getattribute__ (see
+    # backends.base.queries_logged): however DEBUG changes, they must log when Django does.
+    connection = connections[using]
+    connection.ensure_connection()
+
+    def lock_statements_logged():
+        connection.queries_log.clear()
+        with advisory_lock("logged", using=using, wait=False):
+            pass
+        assert queries_logged(connection) == connection.queries_logged
+        return len(connection.queries_log)
+
+    expected = 2 * ONE_STATEMENT[using]
+    debug = settings.DEBUG
+    try:
+        settings.DEBUG = False  # assigned, as Django's test runner does
+        assert lock_statements_logged() == 0
+        settings.DEBUG = True
+        assert lock_statements_logged() == expected
+        with override_settings(DEBUG=False):
+            assert lock_statements_logged() == 0
+            with CaptureQueriesContext(connection) as queries:
+                assert lock_statements_logged() == expected
+            assert len(queries) == expected
+            with override_settings(DEBUG=True):
+                assert lock_statements_logged() == expected
+            assert lock_statements_logged() == 0
+        assert lock_statements_logged() == expected
+        settings.DEBUG = False
+        assert lock_statements_logged() == 0
+    finally:
+        settings.DEBUG = debug
+        connection.queries_log.clear()
 
 
 def test_uncontended_blocking_acquire_is_one_statement(using):

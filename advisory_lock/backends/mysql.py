@@ -20,6 +20,7 @@ from typing import Any
 from MySQLdb import _mysql
 
 from advisory_lock.backends.base import LockBackend
+from advisory_lock.backends.base import queries_logged
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
@@ -120,7 +121,7 @@ class MySQLBackend(LockBackend):
         connection = self.connection
         raw = self.driver_connection()
         sql = template % (_quoted(name) or raw.string_literal(name.encode()), *more)
-        start = time.monotonic() if connection.queries_logged else None
+        start = time.monotonic() if queries_logged(connection) else None
         try:
             _query(raw, sql)
             return raw.store_result().fetch_row()[0][0]

@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import pooler_advice
+from advisory_lock.backends.base import queries_logged
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
@@ -309,7 +310,7 @@ class PostgreSQLBackend(LockBackend):
         saves the server parsing and planning it each time: about a third of the pair.
         """
         values = [b"%d" % value for value in params]
-        logged = self.connection.queries_logged
+        logged = queries_logged(self.connection)
         start = time.monotonic() if logged else 0.0
         try:
             uses = raw._advisory_lock_uses

@@ -91,10 +91,13 @@ def make_key(key: object, namespace: str | None = None) -> LockKey:
     if isinstance(key, bool):
         raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not a bool ({key!r}).")
     if isinstance(key, str):
-        lock_key = LockKey(_checked_name(key), _checked_namespace(namespace))
+        _check_name(key)
         if namespace is None:
+            namespace = get_setting("NAMESPACE")
             remember_name(key)
-        return lock_key
+        if type(namespace) is not str or namespace not in _VALID_NAMESPACES:
+            _check_namespace(namespace)
+        return LockKey(key, namespace)
     if isinstance(key, int):
         if key not in INT64_RANGE:
             raise ValueError(f"Lock key {key} is out of range: it must be {ALLOWED_FORMS}.")
@@ -128,27 +131,31 @@ def shorten(text: str, max_length: int, *, forbidden: str = "") -> str:
     return f"{readable}{_HASH_MARK}{digest[:_HASH_LENGTH]}"
 
 
-def _checked_name(name: str) -> str:
-    if not name.strip():
+def _check_name(name: str) -> None:
+    if not name or name.isspace():
         raise ValueError(f"Lock key must be {ALLOWED_FORMS}; got an empty or blank string.")
     if len(name) > MAX_NAME_LENGTH:
         raise ValueError(
             f"Lock key {name[:40]!r}... is {len(name)} characters long; "
             f"the limit is {MAX_NAME_LENGTH}."
         )
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        raise ValueError(f"Lock key {name!r} can't be encoded as UTF-8.") from None
-    return name
+    if not name.isascii():  # only a lone surrogate can't be encoded
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"Lock key {name!r} can't be encoded as UTF-8.") from None
 
 
-def _checked_namespace(namespace: str | None) -> str:
-    if namespace is None:
-        namespace = get_setting("NAMESPACE")
+# The namespaces found valid so far, so that the setting is checked once per value, not per
+# lock (bounded: past 64, a namespace is checked each time; one per lock is not a real use).
+_VALID_NAMESPACES: set[str] = set()
+
+
+def _check_namespace(namespace: object) -> None:
     if not isinstance(namespace, str) or not NAMESPACE_RE.fullmatch(namespace):
         raise ImproperlyConfigured(
             f"ADVISORY_LOCK['NAMESPACE'] must be 1 to 64 letters, digits, '_', '.' or '-'; "
             f"got {namespace!r}."
         )
-    return namespace
+    if len(_VALID_NAMESPACES) < 64:
+        _VALID_NAMESPACES.add(namespace)

@@ -124,7 +124,9 @@ def test_namespace_separates_string_keys():
         assert make_key("job").identity == "other:job"
 
 
-@pytest.mark.parametrize("namespace", ["", "has:colon", "with space", "x" * 65, 7])
+@pytest.mark.parametrize(
+    "namespace", ["", "has:colon", "with space", "x" * 65, 7, None, ["app"], "ok\n"]
+)
 def test_invalid_namespace_setting_is_improperly_configured(namespace):
     with override_settings(ADVISORY_LOCK={"NAMESPACE": namespace}):
         with pytest.raises(ImproperlyConfigured, match="NAMESPACE"):

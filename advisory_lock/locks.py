@@ -173,9 +173,8 @@ class AdvisoryLock:
             innermost.get(thread),
         )
         if not acquired:
-            # Under contention most tries fail: build nothing that nobody reads.
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("Lock %s busy on %s.", self.lock_key.label, backend.describe())
+            # A busy try is an expected outcome, and under contention most tries are busy: it
+            # is not logged (lock_busy tells whoever listens), and nothing is built for it.
             if signals.lock_busy.receivers:
                 _send(signals.lock_busy, self, handle)
             if self.wait:

@@ -92,12 +92,12 @@ def make_key(key: object, namespace: str | None = None) -> LockKey:
         raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not a bool ({key!r}).")
     if isinstance(key, str):
         _check_name(key)
+        lock_key = LockKey(key, get_setting("NAMESPACE") if namespace is None else namespace)
+        if type(lock_key.namespace) is not str or lock_key.namespace not in _VALID_NAMESPACES:
+            _check_namespace(lock_key.namespace)
         if namespace is None:
-            namespace = get_setting("NAMESPACE")
             remember_name(key)
-        if type(namespace) is not str or namespace not in _VALID_NAMESPACES:
-            _check_namespace(namespace)
-        return LockKey(key, namespace)
+        return lock_key
     if isinstance(key, int):
         if key not in INT64_RANGE:
             raise ValueError(f"Lock key {key} is out of range: it must be {ALLOWED_FORMS}.")

@@ -24,6 +24,7 @@ from django.db.transaction import TransactionManagementError
 from django.db.utils import load_backend
 
 from advisory_lock import signals
+from advisory_lock.backends import backend_for
 from advisory_lock.backends import get_backend
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.conf import get_setting
@@ -136,8 +137,8 @@ class AdvisoryLock:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
 
     def __enter__(self) -> LockHandle:
-        connection = connections[self.using]
-        backend = get_backend(connection)
+        backend = backend_for(self.using)
+        connection = backend.connection
         if self.shared and not backend.supports_shared:
             raise NotSupportedError(
                 f"Shared locks are not supported on {backend.describe()}: MySQL and MariaDB "

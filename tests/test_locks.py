@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
+from django.db.utils import ConnectionDoesNotExist
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -391,3 +393,86 @@ def test_one_lock_object_used_by_two_threads_keeps_their_holds_apart(using):
         thread.join(20)
     assert outcomes == {"a": True, "b": True}
     assert is_free("shared-object", using)
+
+
+def test_a_lock_runs_on_djangos_connection_for_the_alias_in_each_thread(using):
+    """The library reads the thread's connection itself (faster than connections[alias]):
+    it must be exactly the one Django gives, in this thread and in another."""
+    import threading
+
+    seen = {}
+
+    def in_thread(name):
+        try:
+            with advisory_lock(f"thread-{name}", using=using) as handle:
+                seen[name] = (handle._backend.connection, connections[using])
+        finally:
+            connections.close_all()
+
+    with advisory_lock("thread-main", using=using) as handle:
+        assert handle._backend.connection is connections[using]
+    other = threading.Thread(target=in_thread, args=("other",))
+    other.start()
+    other.join(20)
+    locked_on, djangos = seen["other"]
+    assert locked_on is djangos
+    assert locked_on is not connections[using]
+
+
+def test_a_connection_assigned_to_connections_is_the_one_locked_on(using):
+    """``connections[alias] = wrapper`` (as LiveServerTestCase does) is followed at once."""
+    original = connections[using]
+    original.ensure_connection()
+    replacement = connections.create_connection(using)
+    connections[using] = replacement
+    try:
+        with advisory_lock("assigned", using=using) as handle:
+            assert handle._backend.connection is replacement
+            assert not is_free("assigned", using)
+    finally:
+        connections[using] = original
+        replacement.close()
+    with advisory_lock("assigned", using=using) as handle:
+        assert handle._backend.connection is original
+    with pytest.raises(ConnectionDoesNotExist):
+        advisory_lock("assigned", using="no-such-alias").__enter__()
+
+
+def test_in_async_code_a_lock_uses_that_contexts_connection_as_django_does(using):
+    """Async code gets its own connections from Django, which it may not use synchronously: a
+    lock there must not run on the sync thread's open connection instead. (SQLite's locks are
+    files: they need no connection, and Django has nothing to refuse.)"""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    from advisory_lock.backends import backend_for
+
+    sync_connection = connections[using]
+    sync_connection.ensure_connection()
+
+    async def lock_in_async_code():
+        djangos = connections[using]
+        assert djangos is not sync_connection
+        assert backend_for(using).connection is djangos
+        try:
+            with advisory_lock("async", using=using) as handle:
+                return handle._backend.connection is djangos
+        except SynchronousOnlyOperation:
+            return "refused"
+
+    expected = True if using == "default" else "refused"
+    assert asyncio.run(lock_in_async_code()) == expected
+
+    def lock_in_a_sync_thread():
+        try:
+            with advisory_lock("async", using=using) as handle:
+                return handle.acquired, handle._backend.connection is connections[using]
+        finally:
+            connections.close_all()
+
+    async def through_sync_to_async():
+        return await sync_to_async(lock_in_a_sync_thread, thread_sensitive=False)()
+
+    assert asyncio.run(through_sync_to_async()) == (True, True)
+    assert is_free("async", using)

@@ -7,6 +7,7 @@ import copy
 import datetime
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 from typing import ClassVar
 
@@ -38,8 +39,8 @@ class LockBackend:
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
         # The driver connection we last ran on, weakly: a connection that Django closed or
-        # returned to a pool must not be kept open by us.
-        self._raw_ref: weakref.ref[Any] | None = None
+        # returned to a pool must not be kept open by us. (None before the first.)
+        self._raw_ref: Callable[[], Any] = _no_connection
         #: Session locks taken through advisory_lock() and not yet released: db_key -> holds.
         self.session_holds: dict[Any, int] = {}
 
@@ -186,7 +187,7 @@ class LockBackend:
         if connection.connection is None:
             connection.ensure_connection()
         raw = connection.connection
-        if self._raw_ref is None or self._raw_ref() is not raw:
+        if self._raw_ref() is not raw:
             self._raw_ref = weakref.ref(raw)
             self.new_driver_connection()
         return raw
@@ -201,6 +202,11 @@ class LockBackend:
 # attribute lookup finds it first) and drops it there when the setting is assigned, deleted
 # or overridden. Read directly, not through LazyObject.__getattribute__, a Python-level call.
 _settings_read = object.__getattribute__(settings, "__dict__")
+
+
+def _no_connection() -> None:
+    """What ``LockBackend._raw_ref`` returns before any driver connection was used."""
+    return None
 
 
 def queries_logged(connection: BaseDatabaseWrapper) -> bool:

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from advisory_lock.backends import BACKENDS
-from advisory_lock.backends import get_backend
+from advisory_lock.backends import backend_for
 from advisory_lock.inspect import HeldLock
 from advisory_lock.inspect import held_locks
 from advisory_lock.models import JobRun
@@ -149,7 +149,7 @@ class JobRunAdmin(admin.ModelAdmin):
         if not request.user.is_superuser:
             raise PermissionDenied
         using = self._alias(request)
-        backend = get_backend(connections[using])
+        backend = backend_for(using)
         if request.method != "POST":
             context = {
                 **self.admin_site.each_context(request),

@@ -112,7 +112,7 @@ def check_single_host(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 @register()
 def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Two registered lock names must not map to one database key."""
-    from advisory_lock.backends import get_backend
+    from advisory_lock.backends import backend_for
     from advisory_lock.inspect import registered_keys
 
     try:
@@ -125,7 +125,7 @@ def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     for alias in lock_aliases():
         if connections[alias].vendor not in BACKENDS:
             continue
-        backend = get_backend(connections[alias])
+        backend = backend_for(alias)
         by_key: dict[Any, list[str]] = defaultdict(list)
         for name, key in keys.items():
             try:
@@ -154,13 +154,13 @@ def check_clusters(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """Galera (MariaDB Galera, Percona XtraDB Cluster) does not share GET_LOCK across nodes."""
-    from advisory_lock.backends import get_backend
+    from advisory_lock.backends import backend_for
 
     messages: list[CheckMessage] = []
     for alias in databases or []:
         if alias not in lock_aliases() or connections[alias].vendor not in BACKENDS:
             continue
-        if problem := get_backend(connections[alias]).cluster_problem():
+        if problem := backend_for(alias).cluster_problem():
             messages.append(
                 Error(
                     problem,

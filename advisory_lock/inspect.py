@@ -9,9 +9,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 from django.db import DatabaseError
-from django.db import connections
 
-from advisory_lock.backends import get_backend
+from advisory_lock.backends import backend_for
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import make_key
 from advisory_lock.keys import recent_names
@@ -59,7 +58,7 @@ class HeldLocks(list[HeldLock]):
 def held_locks(using: str | None = None) -> HeldLocks:
     """The advisory locks held and awaited on the database ``using`` (default: "default")."""
     using = using or DEFAULT_DB_ALIAS
-    backend = get_backend(connections[using])
+    backend = backend_for(using)
     names = {}
     for name, key in known_keys(using).items():
         with contextlib.suppress(ValueError, TypeError):

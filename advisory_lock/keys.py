@@ -9,6 +9,7 @@ version and machine.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -51,9 +52,9 @@ def recent_names() -> list[str]:
     return list(_recent_names)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class LockKey:
-    """A validated key: ``value`` as given, ``namespace`` for string keys."""
+    """A validated key: ``value`` as given, ``namespace`` for string keys (shared: immutable)."""
 
     value: Key
     namespace: str | None = None
@@ -83,25 +84,30 @@ class LockKey:
 
 
 def make_key(key: object, namespace: str | None = None) -> LockKey:
-    """Validate ``key`` and return a LockKey; raise TypeError or ValueError naming the forms."""
-    if type(key) is int and key in INT64_RANGE:  # the common cases first: a lock's hot path
-        return LockKey(key)
+    """Validate ``key`` and return a LockKey; raise TypeError or ValueError naming the forms.
+
+    Recent ints and names are validated once and kept (bounded): a lock is built on a hot path.
+    """
+    if type(key) is int:  # the common cases first
+        return _int_key(key)
+    if type(key) is str:
+        configured = namespace is None
+        if configured:
+            namespace = get_setting("NAMESPACE")
+        if type(namespace) is not str:
+            _check_namespace(namespace)  # raises: only a str can be valid (or hashed)
+        lock_key = _name_key(key, namespace)
+        if configured:
+            remember_name(key)
+        return lock_key
     if isinstance(key, LockKey):
         return key
     if isinstance(key, bool):
         raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not a bool ({key!r}).")
-    if isinstance(key, str):
-        _check_name(key)
-        lock_key = LockKey(key, get_setting("NAMESPACE") if namespace is None else namespace)
-        if type(lock_key.namespace) is not str or lock_key.namespace not in _VALID_NAMESPACES:
-            _check_namespace(lock_key.namespace)
-        if namespace is None:
-            remember_name(key)
-        return lock_key
+    if isinstance(key, str):  # a str subclass: as the str it equals
+        return make_key(str(key), namespace)
     if isinstance(key, int):
-        if key not in INT64_RANGE:
-            raise ValueError(f"Lock key {key} is out of range: it must be {ALLOWED_FORMS}.")
-        return LockKey(int(key))
+        return _int_key(int(key))
     if isinstance(key, tuple):
         if len(key) != 2 or not all(isinstance(k, int) and not isinstance(k, bool) for k in key):
             raise TypeError(f"Lock key {key!r} is not valid: it must be {ALLOWED_FORMS}.")
@@ -109,6 +115,20 @@ def make_key(key: object, namespace: str | None = None) -> LockKey:
             raise ValueError(f"Lock key {key!r} is out of range: it must be {ALLOWED_FORMS}.")
         return LockKey((int(key[0]), int(key[1])))
     raise TypeError(f"Lock key must be {ALLOWED_FORMS}, not {type(key).__name__} ({key!r}).")
+
+
+@functools.lru_cache(maxsize=1024)
+def _int_key(value: int) -> LockKey:
+    if value not in INT64_RANGE:
+        raise ValueError(f"Lock key {value} is out of range: it must be {ALLOWED_FORMS}.")
+    return LockKey(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_key(name: str, namespace: str) -> LockKey:
+    _check_name(name)
+    _check_namespace(namespace)
+    return LockKey(name, namespace)
 
 
 def shorten(text: str, max_length: int, *, forbidden: str = "") -> str:
@@ -146,16 +166,9 @@ def _check_name(name: str) -> None:
             raise ValueError(f"Lock key {name!r} can't be encoded as UTF-8.") from None
 
 
-# The namespaces found valid so far, so that the setting is checked once per value, not per
-# lock (bounded: past 64, a namespace is checked each time; one per lock is not a real use).
-_VALID_NAMESPACES: set[str] = set()
-
-
 def _check_namespace(namespace: object) -> None:
     if not isinstance(namespace, str) or not NAMESPACE_RE.fullmatch(namespace):
         raise ImproperlyConfigured(
             f"ADVISORY_LOCK['NAMESPACE'] must be 1 to 64 letters, digits, '_', '.' or '-'; "
             f"got {namespace!r}."
         )
-    if len(_VALID_NAMESPACES) < 64:
-        _VALID_NAMESPACES.add(namespace)

@@ -123,7 +123,10 @@ class AdvisoryLock:
             raise ValueError(
                 f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}."
             )
-        self.wait, self.timeout, self.shared, self.scope = wait, timeout, shared, scope
+        self.wait = wait
+        self.timeout = timeout
+        self.shared = shared
+        self.scope = scope
         if timeout is None:
             self._timeout = None if wait else 0
         else:
@@ -169,7 +172,7 @@ class AdvisoryLock:
             now - started,
             now if acquired else None,
             self.lock_key,
-            backend.holder_token(),
+            backend.holder_token() if acquired else None,
             backend,
             innermost.get(thread),
         )
@@ -450,7 +453,7 @@ class DedicatedLock:
         self.using = direct_alias(using or DEFAULT_DB_ALIAS)
         self.label = label
         settings_dict = connections.settings[self.using]
-        backend_class = type(get_backend(connections[self.using]))
+        backend_class = type(backend_for(self.using))
         dedicated = backend_class.dedicated_settings(settings_dict, f"{label} (advisory_lock)")
         self.connection = load_backend(dedicated["ENGINE"]).DatabaseWrapper(dedicated, self.using)
         self.backend = get_backend(self.connection)

@@ -15,7 +15,7 @@ from django.db.models import F
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 
-from advisory_lock.backends import get_backend
+from advisory_lock.backends import backend_for
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
@@ -71,7 +71,7 @@ class JobRunQuerySet(models.QuerySet):
         status = JobRun.Status.FAILED if error else JobRun.Status.SUCCEEDED
 
         def record() -> None:
-            now = get_backend(connections[alias]).database_now()
+            now = backend_for(alias).database_now()
             JobRun.objects.using(alias).filter(pk=run.pk).update(
                 status=status,
                 finished_at=now,
@@ -168,7 +168,7 @@ def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
 def _claim(
     alias: str, job_name: str, period: Period, retry_failed: bool, lock_key: str, lock_held: bool
 ) -> tuple[JobRun | None, JobRun | None]:
-    now = get_backend(connections[alias]).database_now()
+    now = backend_for(alias).database_now()
     run = JobRun(
         job_name=job_name,
         period=slot(period, now),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.test import override_settings
@@ -210,3 +211,55 @@ def test_the_name_memory_keeps_the_most_recently_used_names():
     names = recent_names()
     assert len(names) == MAX_REMEMBERED_NAMES
     assert "kept-in-use" in names and "churn-0" not in names
+
+
+def test_a_key_is_validated_once_and_kept_immutable_but_a_bad_one_is_refused_every_time():
+    import dataclasses
+
+    assert make_key(41) is make_key(41)
+    assert make_key("kept") is make_key("kept")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        make_key("kept").value = "changed"  # shared between locks: nobody may change it
+    for _ in range(2):  # a refusal is not remembered as a key
+        with pytest.raises(ValueError):
+            make_key(2**63)
+        with pytest.raises(ValueError):
+            make_key("")
+        with pytest.raises(ImproperlyConfigured):
+            make_key("kept", namespace="bad namespace")
+
+
+def test_a_kept_key_follows_the_namespace_setting():
+    with override_settings(ADVISORY_LOCK={"NAMESPACE": "app-a"}):
+        first = make_key("job")
+    with override_settings(ADVISORY_LOCK={"NAMESPACE": "app-b"}):
+        second = make_key("job")
+    assert (first.namespace, second.namespace) == ("app-a", "app-b")
+    assert first.as_int64() != second.as_int64()
+    assert make_key("job").namespace == settings.ADVISORY_LOCK["NAMESPACE"]
+
+
+def test_the_kept_keys_are_bounded():
+    from advisory_lock.keys import _int_key
+    from advisory_lock.keys import _name_key
+
+    for number in range(5000):
+        make_key(f"many-{number}")
+        make_key(number)
+    assert _name_key.cache_info().currsize <= 1024
+    assert _int_key.cache_info().currsize <= 1024
+
+
+def test_subclasses_of_str_and_int_lock_as_the_plain_value():
+    import enum
+
+    class Name(str):
+        pass
+
+    class Job(enum.IntEnum):
+        NIGHTLY = 7
+
+    assert make_key(Name("job")) == make_key("job")
+    assert type(make_key(Name("job")).value) is str
+    assert make_key(Job.NIGHTLY) == make_key(7)
+    assert type(make_key(Job.NIGHTLY).value) is int

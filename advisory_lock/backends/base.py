@@ -141,8 +141,7 @@ class LockBackend:
     def session_lock_problem(self) -> str | None:
         """Why session locks can't work on this alias (a transaction pooler), or None."""
         pool_modes = get_setting("POOL_MODE")
-        alias = self.connection.alias
-        if pool_modes and pool_modes.get(alias) == "transaction":
+        if pool_modes and pool_modes.get(alias := self.connection.alias) == "transaction":
             return (
                 f"Session-scoped locks can't work on {self.describe()}: "
                 f"ADVISORY_LOCK['POOL_MODE'] declares it behind a transaction-mode pooler. "

@@ -119,7 +119,9 @@ class MySQLBackend(LockBackend):
         store_result): a cursor's Python work would cost a third of the round trip. Driver
         errors come out as Django's, as from a cursor."""
         connection = self.connection
-        raw = self.driver_connection()
+        raw = connection.connection
+        if raw is None or self._raw_ref() is not raw:  # driver_connection()'s test, inline
+            raw = self.driver_connection()
         sql = template % (_quoted(name) or raw.string_literal(name.encode()), *more)
         start = time.monotonic() if queries_logged(connection) else None
         try:

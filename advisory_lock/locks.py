@@ -8,7 +8,6 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import field
 from numbers import Real
 from threading import get_ident
 from time import monotonic
@@ -43,25 +42,48 @@ SCOPES = ("auto", "session", "transaction")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class LockHandle:
-    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy."""
+    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy.
 
-    key: Key
+    ``key``, ``using``, ``shared`` and ``lock_key`` are the lock's: one is built per ``with``,
+    under contention mostly for a busy try, so it holds what only this entry knows.
+    """
+
     db_key: Any
-    using: str
     scope: Literal["session", "transaction"]
-    shared: bool
     acquired: bool
     wait_time: float = 0.0
     acquired_at: float | None = None
-    lock_key: LockKey | None = field(default=None, repr=False)
-    _token: object = field(default=None, repr=False)
-    _backend: LockBackend | None = field(default=None, repr=False)
-    _outer: LockHandle | None = field(default=None, repr=False)  # the enclosing block's
+    _lock: AdvisoryLock | None = None
+    _token: object = None
+    _backend: LockBackend | None = None
+    _outer: LockHandle | None = None  # the enclosing block's
 
     def __bool__(self) -> bool:
         return self.acquired
+
+    def __repr__(self) -> str:
+        return (
+            f"<LockHandle key={self.key!r} using={self.using!r} scope={self.scope!r} "
+            f"shared={self.shared!r} acquired={self.acquired!r} wait_time={self.wait_time:.6f}>"
+        )
+
+    @property
+    def key(self) -> Key:
+        return self._lock.key
+
+    @property
+    def using(self) -> str:
+        return self._lock.using
+
+    @property
+    def shared(self) -> bool:
+        return self._lock.shared
+
+    @property
+    def lock_key(self) -> LockKey:
+        return self._lock.lock_key
 
 
 class AdvisoryLock:
@@ -163,15 +185,12 @@ class AdvisoryLock:
         thread, innermost = get_ident(), self._innermost
         # Positional: a third of the cost of passing these by keyword.
         handle = LockHandle(
-            self.key,
             db_key,
-            self.using,
             scope,
-            self.shared,
             acquired,
             now - started,
             now if acquired else None,
-            self.lock_key,
+            self,
             backend.holder_token() if acquired else None,
             backend,
             innermost.get(thread),

@@ -476,3 +476,20 @@ def test_in_async_code_a_lock_uses_that_contexts_connection_as_django_does(using
 
     assert asyncio.run(through_sync_to_async()) == (True, True)
     assert is_free("async", using)
+
+
+# As backends/__init__.py finds them at import when the storage is not of the known shape, and
+# as a Local that Django replaced would compare.
+@pytest.mark.parametrize(
+    ("found", "value"), [("_SYNC_STORAGE", None), ("_CONNECTIONS_LOCAL", object())]
+)
+def test_if_djangos_storage_of_connections_is_not_the_known_one_locks_ask_connections(
+    using, found, value, monkeypatch
+):
+    from advisory_lock import backends
+
+    monkeypatch.setattr(backends, found, value)
+    with advisory_lock("fallback", using=using) as handle:
+        assert handle._backend.connection is connections[using]
+        assert not is_free("fallback", using)
+    assert is_free("fallback", using)

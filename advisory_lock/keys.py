@@ -95,7 +95,7 @@ def make_key(key: object, namespace: str | None = None) -> LockKey:
         if configured:
             namespace = get_setting("NAMESPACE")
         if type(namespace) is not str:
-            _check_namespace(namespace)  # raises: only a str can be valid (or hashed)
+            _check_namespace(namespace)  # before the cache, which can't hash a list
         lock_key = _name_key(key, namespace)
         if configured:
             remember_name(key)

@@ -53,9 +53,9 @@ class LockHandle:
     db_key: Any
     scope: Literal["session", "transaction"]
     acquired: bool
+    _lock: AdvisoryLock
     wait_time: float = 0.0
     acquired_at: float | None = None
-    _lock: AdvisoryLock | None = None
     _token: object = None
     _backend: LockBackend | None = None
     _outer: LockHandle | None = None  # the enclosing block's
@@ -188,9 +188,9 @@ class AdvisoryLock:
             db_key,
             scope,
             acquired,
+            self,
             now - started,
             now if acquired else None,
-            self,
             backend.holder_token() if acquired else None,
             backend,
             innermost.get(thread),

@@ -39,7 +39,6 @@ from servers import MY_PARAMS
 
 from advisory_lock import advisory_lock
 from advisory_lock.backends import backend_for
-from advisory_lock.backends import get_backend
 
 RAW, BACKEND, REUSED, LIBRARY = "raw MySQLdb", "backend", "reused lock", "advisory_lock"
 VARIANTS = [RAW, BACKEND, REUSED, LIBRARY]
@@ -48,7 +47,7 @@ KEY = K + 500
 
 def loop(variant: str, end: float, marker: str, work: float) -> tuple[int, int, int, float]:
     """Run ``variant`` until ``end``; return (acquisitions, tries, overlaps, seconds)."""
-    backend = get_backend(connections[MY])
+    backend = backend_for(MY)
     lock_key = advisory_lock(KEY).lock_key
     name = backend.db_key(lock_key)
     acquired = tries = overlaps = 0

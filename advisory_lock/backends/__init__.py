@@ -42,7 +42,7 @@ def get_backend(connection: BaseDatabaseWrapper) -> LockBackend:
 # In a thread with no running event loop that Local reads and writes a plain threading.local,
 # but it learns that the thread is sync by raising and catching a RuntimeError through three
 # Python calls: with 8 processes contending on one CPU (cold caches), 4 µs of CPU per try, of
-# the 20 µs that a whole failed `with advisory_lock(...)` cost (bench/layers.py).
+# the 20 µs that a whole failed `with advisory_lock(...)` cost (getrusage in the processes).
 # So in a sync thread we read that same threading.local ourselves; in an async context, or
 # if a version of asgiref or Django stores connections differently, we ask connections[alias].
 _CONNECTIONS_LOCAL = getattr(connections, "_connections", None)

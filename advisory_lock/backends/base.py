@@ -39,7 +39,7 @@ class LockBackend:
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
         # The driver connection we last ran on, weakly: a connection that Django closed or
-        # returned to a pool must not be kept open by us. (None before the first.)
+        # returned to a pool must not be kept open by us (_no_connection before the first).
         self._raw_ref: Callable[[], Any] = _no_connection
         #: Session locks taken through advisory_lock() and not yet released: db_key -> holds.
         self.session_holds: dict[Any, int] = {}

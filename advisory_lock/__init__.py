@@ -1,7 +1,5 @@
 """django-advisory-lock: database advisory locks that know about ``transaction.atomic``."""
 
-from advisory_lock.commands import SingleInstanceMixin
-from advisory_lock.commands import single_instance
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
@@ -13,13 +11,15 @@ from advisory_lock.signals import lock_acquired
 from advisory_lock.signals import lock_busy
 from advisory_lock.signals import lock_lost
 from advisory_lock.signals import lock_released
+from advisory_lock.single_instance import SingleInstanceMixin
+from advisory_lock.single_instance import single_instance
 
 # Imported on first use, not with the package: the ledger and inspection need Django's app
 # registry, and the pool reset needs psycopg.
 _LAZY = {
-    "HeldLock": "advisory_lock.inspect",
+    "HeldLock": "advisory_lock.inspection",
     "JobRun": "advisory_lock.models",
-    "held_locks": "advisory_lock.inspect",
+    "held_locks": "advisory_lock.inspection",
     "reset_pooled_connection": "advisory_lock.backends.postgresql",
     "run_once": "advisory_lock.ledger",
 }

@@ -20,10 +20,11 @@ from django.urls import path
 from django.urls import reverse
 from django.utils.html import format_html
 
-from advisory_lock.backends import BACKENDS
-from advisory_lock.backends import backend_for
-from advisory_lock.inspect import HeldLock
-from advisory_lock.inspect import held_locks
+from advisory_lock.backends import inspector_for
+from advisory_lock.backends import is_supported
+from advisory_lock.inspection import HeldLock
+from advisory_lock.inspection import find_lock_session
+from advisory_lock.inspection import held_locks
 from advisory_lock.models import JobRun
 
 logger = logging.getLogger("advisory_lock")
@@ -145,29 +146,40 @@ class JobRunAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/advisory_lock/locks.html", context)
 
     def terminate_view(self, request: HttpRequest, holder_id: int) -> HttpResponse:
-        """End a holder's connection, after a confirmation: superusers only, and logged."""
+        """End a lock holder's session, after a confirmation: superusers only, logged, and
+        only a session that holds or waits for an advisory lock at that moment."""
         if not request.user.is_superuser:
             raise PermissionDenied
         using = self._alias(request)
-        backend = backend_for(using)
+        back = HttpResponseRedirect(f"{reverse('admin:advisory_lock_jobrun_locks')}?using={using}")
+        lock = find_lock_session(using, holder_id)
+        if lock is None:
+            messages.error(
+                request,
+                f"{holder_id} holds no advisory lock on database {using!r} now (it may have "
+                f"let go): nothing was terminated.",
+            )
+            return back
         if request.method != "POST":
             context = {
                 **self.admin_site.each_context(request),
                 "title": "Terminate a lock holder?",
                 "holder_id": holder_id,
+                "lock": lock,
                 "using": using,
-                "how": backend.describe(),
+                "how": connections[using].vendor,
             }
             return TemplateResponse(request, "admin/advisory_lock/terminate.html", context)
-        backend.terminate(holder_id)
+        inspector_for(connections[using]).terminate(holder_id)
         logger.warning(
-            "Admin user %r terminated lock holder %s on database %r.",
+            "Admin user %r terminated lock holder %s (lock %s) on database %r.",
             request.user.get_username(),
             holder_id,
+            lock.name or lock.key_text,
             using,
         )
         messages.success(request, f"Terminated holder {holder_id} on database {using!r}.")
-        return HttpResponseRedirect(f"{reverse('admin:advisory_lock_jobrun_locks')}?using={using}")
+        return back
 
     @staticmethod
     def _alias(request: HttpRequest) -> str:
@@ -178,7 +190,7 @@ class JobRunAdmin(admin.ModelAdmin):
 
 
 def _lock_aliases() -> list[str]:
-    return [alias for alias in connections if connections[alias].vendor in BACKENDS]
+    return [alias for alias in connections if is_supported(connections[alias])]
 
 
 def _rows_with_runs(locks: list[HeldLock], using: str) -> list[dict[str, Any]]:

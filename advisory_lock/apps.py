@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.core.signals import request_finished
+from django.db.backends.signals import connection_created
 
 
 class AdvisoryLockConfig(AppConfig):
@@ -9,8 +10,8 @@ class AdvisoryLockConfig(AppConfig):
 
     def ready(self) -> None:
         from advisory_lock import checks  # noqa: F401  (registers the system checks)
-        from advisory_lock.locks import release_leftover_session_locks
+        from advisory_lock.locks import connection_reopened
+        from advisory_lock.locks import release_leftovers
 
-        request_finished.connect(
-            release_leftover_session_locks, dispatch_uid="advisory_lock.release_leftovers"
-        )
+        request_finished.connect(release_leftovers, dispatch_uid="advisory_lock.leftovers")
+        connection_created.connect(connection_reopened, dispatch_uid="advisory_lock.reopened")

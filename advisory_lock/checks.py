@@ -15,9 +15,11 @@ from django.core.checks import register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 from django.db import connections
-from django.utils.module_loading import import_string
 
-from advisory_lock.backends import BACKENDS
+from advisory_lock.backends import backend_class
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
+from advisory_lock.backends import is_supported
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import make_key
 from advisory_lock.periods import ledger_time_zone
@@ -70,7 +72,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 def _check_alias(alias: str) -> list[CheckMessage]:
     connection = connections[alias]
     engine = connection.settings_dict["ENGINE"]
-    if connection.vendor not in BACKENDS:
+    if not is_supported(connection):
         return [
             Error(
                 f"Database alias {alias!r} uses {engine!r}, which has no advisory lock support.",
@@ -79,9 +81,8 @@ def _check_alias(alias: str) -> list[CheckMessage]:
                 id="advisory_lock.E002",
             )
         ]
-    backend_class = import_string(BACKENDS[connection.vendor])
     messages: list[CheckMessage] = []
-    if problem := backend_class.pool_problem(connection.settings_dict):
+    if problem := backend_class(connection).pool_problem(connection.settings_dict):
         messages.append(
             Warning(
                 f"Database alias {alias!r}: {problem}",
@@ -104,16 +105,14 @@ def check_single_host(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             id="advisory_lock.I001",
         )
         for alias in lock_aliases()
-        if connections[alias].vendor in BACKENDS
-        and import_string(BACKENDS[connections[alias].vendor]).single_host
+        if is_supported(connections[alias]) and backend_class(connections[alias]).single_host
     ]
 
 
 @register()
 def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Two registered lock names must not map to one database key."""
-    from advisory_lock.backends import backend_for
-    from advisory_lock.inspect import registered_keys
+    from advisory_lock.inspection import registered_keys
 
     try:
         keys = registered_keys()
@@ -123,9 +122,9 @@ def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         return [Error(message, hint=hint, id="advisory_lock.E008")]
     messages: list[CheckMessage] = []
     for alias in lock_aliases():
-        if connections[alias].vendor not in BACKENDS:
+        if not is_supported(connections[alias]):
             continue
-        backend = backend_for(alias)
+        backend = backend_for(connections[alias])
         by_key: dict[Any, list[str]] = defaultdict(list)
         for name, key in keys.items():
             try:
@@ -154,13 +153,11 @@ def check_clusters(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """Galera (MariaDB Galera, Percona XtraDB Cluster) does not share GET_LOCK across nodes."""
-    from advisory_lock.backends import backend_for
-
     messages: list[CheckMessage] = []
     for alias in databases or []:
-        if alias not in lock_aliases() or connections[alias].vendor not in BACKENDS:
+        if alias not in lock_aliases() or not is_supported(connections[alias]):
             continue
-        if problem := backend_for(alias).cluster_problem():
+        if problem := inspector_for(connections[alias]).cluster_problem():
             messages.append(
                 Error(
                     problem,

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
+from dataclasses import field
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -29,7 +30,7 @@ ALLOWED_FORMS = (
 )
 # Characters that every backend's name comparison treats the same (no case folding, no
 # collation, no trailing-space padding). Anything else makes the name hashed.
-_PLAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-/,#@+=")
+PLAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-/,#@+=")
 _HASH_MARK = "~"  # never a plain character, so a shortened name can't equal a plain one
 _HASH_LENGTH = 20  # base32 characters: 100 bits of SHA-256
 
@@ -54,19 +55,44 @@ def recent_names() -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class LockKey:
-    """A validated key: ``value`` as given, ``namespace`` for string keys (shared: immutable)."""
+    """A validated key: ``value`` as given, ``namespace`` for string keys (shared: immutable).
+
+    ``identity`` is the canonical text of the key: ``namespace:name``, ``#int`` or
+    ``#int,int``; ``LockKey.from_identity()`` reads it back.
+    """
 
     value: Key
     namespace: str | None = None
+    identity: str = field(init=False, compare=False, repr=False)
+    _int64: int | tuple[int, int] = field(init=False, compare=False, repr=False)
 
-    @property
-    def identity(self) -> str:
-        """The canonical text of the key: ``namespace:name``, ``#int`` or ``#int,int``."""
+    def __post_init__(self) -> None:
+        # Frozen: both are set once, here (keys are kept and shared, see make_key()).
         if isinstance(self.value, str):
-            return f"{self.namespace}:{self.value}"
-        if isinstance(self.value, tuple):
-            return f"#{self.value[0]},{self.value[1]}"
-        return f"#{self.value}"
+            identity = f"{self.namespace}:{self.value}"
+            digest = hashlib.sha256(identity.encode()).digest()
+            int64: int | tuple[int, int] = int.from_bytes(digest[:8], "big", signed=True)
+        else:
+            value = self.value
+            identity = f"#{value[0]},{value[1]}" if isinstance(value, tuple) else f"#{value}"
+            int64 = value
+        object.__setattr__(self, "identity", identity)
+        object.__setattr__(self, "_int64", int64)
+
+    def as_int64(self) -> int | tuple[int, int]:
+        """PostgreSQL's key: ints as given, strings as the first 8 bytes of SHA-256, signed."""
+        return self._int64
+
+    @classmethod
+    def from_identity(cls, identity: str) -> LockKey:
+        """The key whose ``identity`` is ``identity`` (as stored, e.g. in the ledger)."""
+        if identity.startswith("#"):
+            numbers = identity[1:].split(",")
+            if len(numbers) == 2:
+                return make_key((int(numbers[0]), int(numbers[1])))
+            return make_key(int(numbers[0]))
+        namespace, _, name = identity.partition(":")
+        return make_key(name, namespace)
 
     @property
     def label(self) -> str:
@@ -74,13 +100,6 @@ class LockKey:
         if isinstance(self.value, tuple):
             return f"({self.value[0]}, {self.value[1]})"
         return str(self.value) if not isinstance(self.value, str) else repr(self.value)
-
-    def as_int64(self) -> int | tuple[int, int]:
-        """PostgreSQL's key: ints as given, strings as the first 8 bytes of SHA-256, signed."""
-        if isinstance(self.value, str):
-            digest = hashlib.sha256(self.identity.encode()).digest()
-            return int.from_bytes(digest[:8], "big", signed=True)
-        return self.value
 
 
 def make_key(key: object, namespace: str | None = None) -> LockKey:
@@ -139,14 +158,14 @@ def shorten(text: str, max_length: int, *, forbidden: str = "") -> str:
     """
     if (
         len(text) <= max_length
-        and _PLAIN_CHARS.issuperset(text)
+        and PLAIN_CHARS.issuperset(text)
         and (not forbidden or set(forbidden).isdisjoint(text))
     ):
         return text
     digest = base64.b32encode(hashlib.sha256(text.encode()).digest()).decode().lower()
     room = max_length - len(_HASH_MARK) - _HASH_LENGTH
     readable = "".join(
-        c if c in _PLAIN_CHARS and c not in forbidden else "_" for c in text.lower()[:room]
+        c if c in PLAIN_CHARS and c not in forbidden else "_" for c in text.lower()[:room]
     )
     return f"{readable}{_HASH_MARK}{digest[:_HASH_LENGTH]}"
 

@@ -1,31 +1,15 @@
-"""The ``job_runs`` ledger: one row per job and period, the durable record of who ran what."""
+"""The ``job_runs`` table: one row per job and slot (its logic lives in ``ledger``)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-from collections.abc import Callable
-from typing import Any
-from typing import TypeVar
-
-from django.db import connections
 from django.db import models
-from django.db.models import F
-from django.db.models.constants import OnConflict
-from django.db.models.sql import InsertQuery
 
-from advisory_lock.backends import backend_for
 from advisory_lock.periods import Period
-from advisory_lock.periods import check_job_name
-from advisory_lock.periods import check_period
-from advisory_lock.periods import slot
-
-T = TypeVar("T")
-MAX_ERROR_LENGTH = 10_000
 
 
-class JobRunQuerySet(models.QuerySet):
+class JobRunQuerySet(models.QuerySet["JobRun"]):
+    """The ledger's operations on the rows of one database (``JobRun.objects.using(alias)``)."""
+
     def claim(
         self,
         job_name: str,
@@ -51,47 +35,23 @@ class JobRunQuerySet(models.QuerySet):
         *,
         retry_failed: bool = True,
         lock_key: str = "",
-        lock_held: bool = False,
     ) -> tuple[JobRun | None, JobRun | None]:
-        """Like ``claim()``, and also return the row that took the slot when refused."""
-        check_job_name(job_name)
-        check_period(period)
-        if not isinstance(retry_failed, bool):
-            raise TypeError(f"retry_failed must be True or False, not {retry_failed!r}.")
-        alias = self.db
-        return on_own_connection(
-            lambda: _claim(alias, job_name, period, retry_failed, lock_key, lock_held)
-        )
+        """Like ``claim()``, and also return the row that has the slot when refused."""
+        from advisory_lock import ledger
+
+        return ledger.claim_slot(self.db, job_name, period, retry_failed, lock_key)
 
     def finish(self, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
-        """Record the end of ``run``: succeeded, or failed with the (end of the) traceback.
+        """Record the end of ``run``: succeeded, or failed with the (end of the) traceback."""
+        from advisory_lock import ledger
 
-        ``timeout``: give up (TimeoutError) if the database has not answered by then."""
-        alias = self.db
-        status = JobRun.Status.FAILED if error else JobRun.Status.SUCCEEDED
-
-        def record() -> None:
-            now = backend_for(alias).database_now()
-            JobRun.objects.using(alias).filter(pk=run.pk).update(
-                status=status,
-                finished_at=now,
-                duration=now - run.started_at,
-                error=error[-MAX_ERROR_LENGTH:],
-            )
-            run.refresh_from_db(using=alias)
-
-        on_own_connection(record, timeout=timeout)
+        ledger.finish(self.db, run, error=error, timeout=timeout)
 
     def mark_abandoned(self) -> int:
         """Mark running rows whose owner's lock is free as abandoned; return how many."""
-        alias = self.db
+        from advisory_lock import ledger
 
-        def mark() -> int:
-            running = JobRun.objects.using(alias).filter(status=JobRun.Status.RUNNING)
-            orphaned = running.exclude(lock_key="")
-            return sum(_abandon_if_orphaned(alias, run, "", False) for run in orphaned)
-
-        return on_own_connection(mark)
+        return ledger.mark_abandoned(self.db)
 
 
 class JobRun(models.Model):
@@ -137,105 +97,3 @@ class JobRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_name} [{self.period}] {self.status}"
-
-
-def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
-    """Run ``func`` in a short-lived thread: Django gives it connections of its own, in
-    autocommit, so what it writes commits at once whatever transaction the caller is in."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = func()
-        except BaseException as exc:  # re-raised in the caller's thread
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    # Bounded: a daemon thread, left behind if the database does not answer in time.
-    thread = threading.Thread(
-        target=target, name="advisory_lock-ledger", daemon=timeout is not None
-    )
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"the database did not answer within {timeout:g}s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def _claim(
-    alias: str, job_name: str, period: Period, retry_failed: bool, lock_key: str, lock_held: bool
-) -> tuple[JobRun | None, JobRun | None]:
-    now = backend_for(alias).database_now()
-    run = JobRun(
-        job_name=job_name,
-        period=slot(period, now),
-        status=JobRun.Status.RUNNING,
-        started_at=now,
-        host=socket.gethostname()[:255],
-        pid=os.getpid(),
-        lock_key=lock_key,
-    )
-    rows = JobRun.objects.using(alias)
-    same_slot = rows.filter(job_name=job_name, period=run.period)
-    for _ in range(2):  # twice: the taken row may be pruned between the INSERT and the SELECT
-        if _insert_unless_taken(run, alias):
-            return same_slot.get(), None
-        taken = same_slot.first()
-        if taken is not None:
-            break
-    else:
-        return None, None
-    if taken.status == JobRun.Status.RUNNING:
-        _abandon_if_orphaned(alias, taken, lock_key, lock_held)
-    if retry_failed:
-        reclaimed = rows.filter(
-            pk=taken.pk, status__in=[JobRun.Status.FAILED, JobRun.Status.ABANDONED]
-        ).update(
-            status=JobRun.Status.RUNNING,
-            attempt=F("attempt") + 1,
-            started_at=now,
-            finished_at=None,
-            duration=None,
-            host=run.host,
-            pid=run.pid,
-            error="",
-            lock_key=lock_key,
-        )
-        if reclaimed:
-            return rows.get(pk=taken.pk), None
-    taken.refresh_from_db(using=alias)
-    return None, taken
-
-
-def _insert_unless_taken(run: JobRun, alias: str) -> bool:
-    """INSERT the row, or nothing if (job_name, period) exists: one statement, no
-    IntegrityError (ON CONFLICT DO NOTHING, INSERT IGNORE, INSERT OR IGNORE)."""
-    query = InsertQuery(JobRun, on_conflict=OnConflict.IGNORE)
-    query.insert_values([f for f in JobRun._meta.concrete_fields if not f.primary_key], [run])
-    with connections[alias].cursor() as cursor:
-        for sql, params in query.get_compiler(using=alias).as_sql():
-            cursor.execute(sql, params)
-        return cursor.rowcount == 1
-
-
-def _abandon_if_orphaned(alias: str, run: JobRun, lock_key: str, lock_held: bool) -> bool:
-    """Mark a running ``run`` abandoned if its owner's lock proves the owner is gone."""
-    from advisory_lock.locks import advisory_lock
-
-    if not run.lock_key:
-        return False
-    if lock_held and run.lock_key == lock_key:
-        orphaned = True  # the caller holds the owner's lock: the owner can't be running
-    else:
-        with advisory_lock(run.lock_key, using=alias, wait=False, scope="session") as lock:
-            orphaned = lock.acquired
-    if not orphaned:
-        return False
-    return bool(
-        JobRun.objects.using(alias)
-        .filter(pk=run.pk, status=JobRun.Status.RUNNING)
-        .update(status=JobRun.Status.ABANDONED)
-    )

@@ -1,9 +1,10 @@
 """Signals for metrics and alerting; each is sent with the lock's key and timings.
 
-Arguments: ``key`` (as given), ``name`` (its registered name, else the key's text),
-``using``, ``scope`` ("session" or "transaction"), ``wait_time`` (seconds waited) and, where it
-applies, ``hold_time`` (seconds held). ``sender`` is the ``AdvisoryLock`` (or, for commands and
-the ledger, the ``DedicatedLock``).
+Arguments: ``key`` (as given), ``name`` (the key when it is a string, else None), ``using``,
+``scope`` ("session" or "transaction"), ``wait_time`` (seconds spent taking the lock) and
+``hold_time`` (seconds held so far; None when it was not taken). ``sender`` is the
+``AdvisoryLock``. They are sent with ``send_robust`` once the hold is recorded: a receiver
+that raises is logged and never affects the lock or the caller.
 """
 
 from django.dispatch import Signal

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.db import OperationalError
@@ -18,10 +19,9 @@ from advisory_lock import AdvisoryLockError
 from advisory_lock import LockNotAcquired
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
-from advisory_lock.backends import get_backend
-from advisory_lock.backends.postgresql import _FAST_TRY_SQL
-from advisory_lock.backends.postgresql import _FAST_UNLOCK_SQL
-from advisory_lock.backends.postgresql import _STATEMENT_NAMES
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
+from advisory_lock.backends.postgresql import _prepared
 from advisory_lock.keys import make_key
 from tests.probes import in_other_connection
 from tests.probes import is_free
@@ -97,19 +97,30 @@ def test_a_statement_timeout_is_not_lock_not_acquired(using):
 @postgresql_only
 def test_prepared_lock_statements_survive_deallocate_and_stay_one_statement_each(using):
     connection = connections[using]
-    for _ in range(4):  # prepared on their third run (the first try is not guarded yet)
-        with advisory_lock("prepared", using=using, wait=False):
-            pass
+    for _ in range(4):
+        with CaptureQueriesContext(connection) as queries:
+            with advisory_lock("prepared", using=using, wait=False):
+                pass
+        assert len(queries) == 2
     with connection.cursor() as cursor:
+        # The try, unguarded until the first statement told the server pid, and the guarded
+        # try and unlock: each prepared once on this server session.
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(name, 'advisory_lock_')"
         )
-        assert cursor.fetchone()[0] == 2
+        assert cursor.fetchone()[0] == 3
         cursor.execute("DEALLOCATE ALL")
+    # The first statement finds its prepared statement gone, and runs plain; then each is
+    # prepared again, and one statement each as before.
     with CaptureQueriesContext(connection) as queries:
         with advisory_lock("prepared", using=using, wait=False) as handle:
             assert handle.acquired and not is_free("prepared", using)
-    assert len(queries) == 2
+    assert len(queries) == 3
+    for _ in range(2):
+        with CaptureQueriesContext(connection) as queries:
+            with advisory_lock("prepared", using=using, wait=False) as handle:
+                assert handle.acquired and not is_free("prepared", using)
+        assert len(queries) == 2
     assert is_free("prepared", using)
 
 
@@ -118,12 +129,11 @@ def test_lock_statements_already_prepared_on_the_server_connection_are_used(usin
     # A server connection can outlive its client (a pooler that does not DISCARD ALL between
     # clients): the next client finds our statements prepared under their names.
     connection = connections[using]
-    with advisory_lock("prepared-before", using=using, wait=False):  # learns the server pid
-        pass
-    with connection.cursor() as cursor:
-        for sql in (_FAST_TRY_SQL[False, False, True], _FAST_UNLOCK_SQL[False, False, True]):
-            name = _STATEMENT_NAMES[sql].decode()
-            cursor.execute(f"PREPARE {name}(integer, bigint) AS {sql.decode()}")
+    connection.close()
+    with connection.cursor() as cursor:  # a new server session, before any lock statement
+        for function in ("pg_try_advisory_lock", "pg_advisory_unlock"):
+            for guarded in (False, True):
+                cursor.execute(_prepared(function, False, guarded)[1].decode())
     for _ in range(4):
         with advisory_lock("prepared-before", using=using, wait=False) as handle:
             assert handle.acquired and not is_free("prepared-before", using)
@@ -225,7 +235,7 @@ def test_waiting_for_ever_sends_no_negative_timeout_to_mariadb(using):
 def test_lock_names_that_need_escaping_are_escaped_by_the_driver(using, name):
     # Lock names are quoted without the driver when no server would escape them; any other
     # name (none is made by db_key(), but the backend takes any) goes through its escaping.
-    backend = get_backend(connections[using])
+    backend = backend_for(connections[using])
     assert backend.acquire(name, shared=False, transaction=False, timeout=0)
 
     def used(name):
@@ -264,7 +274,7 @@ sqlite_only = pytest.mark.parametrize("using", ["default"], indirect=True)
 
 _FLOCK_WITHOUT_RECORD = """
 import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("held", flush=True)
 sys.stdin.read()
@@ -275,10 +285,12 @@ sys.stdin.read()
 def test_a_holder_is_named_by_the_kernel_not_by_a_stale_record(using):
     # A holder caught between its flock and writing its record: the file still names the
     # previous holder. The busy side must name the process that holds the flock.
-    backend = get_backend(connections[using])
-    db_key = backend.db_key(make_key("report:stale-record"))
+    db_key = backend_for(connections[using]).db_key(make_key("report:stale-record"))
+    inspector = inspector_for(connections[using])
     with advisory_lock("report:stale-record", using=using):
-        pass  # leaves this process's record in the file
+        # The record a holder killed with SIGKILL leaves in the file (it never removed it).
+        record = Path(db_key).read_text()
+    Path(db_key).write_text(record)
     holder = subprocess.Popen(
         [sys.executable, "-c", _FLOCK_WITHOUT_RECORD, db_key],
         stdin=subprocess.PIPE,
@@ -289,12 +301,12 @@ def test_a_holder_is_named_by_the_kernel_not_by_a_stale_record(using):
         assert holder.stdout.readline() == "held\n"
         with advisory_lock("report:stale-record", using=using, wait=False) as handle:
             assert not handle
-        found = backend.holder(db_key)
-        assert found["pid"] == holder.pid != os.getpid()
-        assert "since" not in found  # the record in the file is not this holder's
+        found = inspector.holder(db_key)
+        assert found.id == holder.pid != os.getpid()
+        assert found.since is None  # the record in the file is not this holder's
     finally:
         holder.communicate("")
-    assert backend.holder(db_key) is None  # nobody holds it now
+    assert inspector.holder(db_key) is None  # nobody holds it now
 
 
 def test_an_unsupported_engine_is_named_in_the_error():
@@ -302,4 +314,4 @@ def test_an_unsupported_engine_is_named_in_the_error():
 
     wrapper = DatabaseWrapper({"ENGINE": "django.db.backends.dummy"}, alias="legacy")
     with pytest.raises(NotSupportedError, match=r"'legacy'.*django\.db\.backends\.dummy"):
-        get_backend(wrapper)
+        backend_for(wrapper)

@@ -13,7 +13,8 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 from advisory_lock import single_instance
-from advisory_lock.backends import get_backend
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
 from tests.commands import finish
 from tests.commands import start
@@ -23,6 +24,12 @@ from tests.probes import is_free
 
 BUSY = 3  # busy_exit_code of the test commands
 KEY = "command:lockapp.decorated_job"
+
+
+def holder_of(key, using):
+    """Who holds ``key`` on ``using``, as the database tells."""
+    connection = connections[using]
+    return inspector_for(connection).holder(backend_for(connection).db_key(make_key(key)))
 
 
 def test_eight_instances_started_together_run_exactly_once(using, tmp_path):
@@ -186,9 +193,7 @@ def test_closing_django_connections_mid_run_keeps_the_lock(using):
 def test_killed_holder_connection_raises_lock_lost_within_heartbeat(using):
     holder = start(using, "decorated_job", "--seconds", "30")
     wait_for_line(holder, "running")
-    backend = get_backend(connections[using])
-    info = backend.holder(backend.db_key(make_key(KEY)))
-    target = info.get("pid") or info["connection_id"]
+    target = holder_of(KEY, using).id
 
     from tests.servers import kill_connection_of
 
@@ -211,11 +216,8 @@ def test_on_lost_callable_is_called_in_place_of_raising(using):
         def handle(self, *args, **options):
             from tests.servers import kill_connection_of
 
-            backend = get_backend(connections[using])
-            info = backend.holder(backend.db_key(make_key("command:tests.test_commands")))
-            in_other_connection(
-                kill_connection_of, using, info.get("pid") or info["connection_id"]
-            )
+            holder = holder_of("command:tests.test_commands", using)
+            in_other_connection(kill_connection_of, using, holder.id)
             time.sleep(1.0)
 
     Command.__module__ = "tests.test_commands"
@@ -224,7 +226,7 @@ def test_on_lost_callable_is_called_in_place_of_raising(using):
 
 
 def test_a_busy_instance_costs_one_connection_and_at_most_two_statements(using):
-    from advisory_lock.locks import DedicatedLock
+    from advisory_lock.dedicated import DedicatedLock
     from tests.test_locks import held_elsewhere
 
     with held_elsewhere("command:lockapp.costly", using):
@@ -242,7 +244,7 @@ def test_a_busy_instance_costs_one_connection_and_at_most_two_statements(using):
 
 
 def test_the_watchdog_check_is_one_statement(using):
-    from advisory_lock.locks import DedicatedLock
+    from advisory_lock.dedicated import DedicatedLock
 
     lock = DedicatedLock("command:lockapp.watched", using=using, label="lockapp.watched")
     try:

@@ -14,8 +14,8 @@ from django.test import override_settings
 
 from advisory_lock import advisory_lock
 from advisory_lock import signals
-from advisory_lock.inspect import held_locks
-from advisory_lock.inspect import known_keys
+from advisory_lock.inspection import held_locks
+from advisory_lock.inspection import known_keys
 from tests.probes import in_other_connection
 from tests.test_locks import held_elsewhere
 

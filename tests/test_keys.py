@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from advisory_lock import AdvisoryLock
 from advisory_lock import advisory_lock
-from advisory_lock.backends import get_backend
+from advisory_lock.backends import backend_for
 from advisory_lock.keys import make_key
 from advisory_lock.keys import shorten
 
@@ -136,7 +136,7 @@ def test_invalid_namespace_setting_is_improperly_configured(namespace):
 
 @pytest.mark.parametrize("using", ["mysql"], indirect=True)
 def test_mysql_names_include_the_database_and_fit_64_characters(using):
-    backend = get_backend(connections[using])
+    backend = backend_for(connections[using])
     database = connections[using].settings_dict["NAME"]
     assert backend.db_key(make_key("nightly")) == f"{database}/tests:nightly"
     long_name = backend.db_key(make_key("n" * 200))

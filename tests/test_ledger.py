@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from advisory_lock import JobRun
 from advisory_lock import advisory_lock
 from advisory_lock import run_once
-from advisory_lock.models import _insert_unless_taken
+from advisory_lock.ledger import _claim
 from advisory_lock.periods import slot
 from tests.commands import finish
 from tests.commands import start
@@ -70,18 +70,18 @@ def test_a_refused_claim_does_not_poison_the_callers_transaction(ledger, using):
         assert ledger.filter(job_name="taken").count() == 1  # the transaction still works
 
 
-def test_the_claim_is_one_insert_that_ignores_a_conflict(ledger, using):
-    now = datetime.datetime.now(UTC)
-    run = JobRun(job_name="one-insert", period="p", started_at=now)
+def test_the_claim_is_one_insert_and_a_taken_slot_is_refused_by_the_constraint(ledger, using):
+    # Run in this thread (claim() runs it on a connection of its own) to see its statements.
     connection = connections[using]
     with CaptureQueriesContext(connection) as first:
-        assert _insert_unless_taken(run, using) is True
-    with CaptureQueriesContext(connection) as second:
-        assert _insert_unless_taken(run, using) is False
-    assert len(first) == len(second) == 1
-    sql = second[0]["sql"].upper()
-    assert sql.startswith("INSERT")
-    assert "ON CONFLICT DO NOTHING" in sql or "INSERT IGNORE" in sql or "OR IGNORE" in sql
+        run, taken = _claim(using, "one-insert", "daily", False, "", False)
+    assert run is not None and taken is None
+    assert [q["sql"].split()[0].upper() for q in first if "job_runs" in q["sql"]] == ["INSERT"]
+    # The second INSERT fails on the unique constraint (MySQLdb then reports the previous
+    # statement's text to Django's log, so it is not counted here).
+    run, taken = _claim(using, "one-insert", "daily", False, "", False)
+    assert run is None and taken.status == JobRun.Status.RUNNING
+    assert ledger.filter(job_name="one-insert").count() == 1
 
 
 def test_run_once_records_success_and_skips_a_done_slot(ledger, using):

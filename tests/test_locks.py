@@ -15,7 +15,6 @@ from django.test.utils import CaptureQueriesContext
 from advisory_lock import LockLost
 from advisory_lock import LockNotAcquired
 from advisory_lock import advisory_lock
-from advisory_lock.backends.base import queries_logged
 from tests.probes import in_other_connection
 from tests.probes import is_free
 
@@ -119,6 +118,18 @@ def test_lock_taken_inside_atomic_is_held_until_commit(using):
     assert is_free("tx", using)
 
 
+# PostgreSQL releases xact locks itself when the transaction rolls back. MySQL and SQLite
+# have no such locks, and Django no rollback hook: their lock is released, from the thread
+# that owns the connection, at its next lock operation (or at the end of the request, or
+# when the connection is opened again), never before the transaction's end.
+NATIVE_TRANSACTION_LOCKS = {"default": False, "postgresql": True, "mysql": False}
+
+
+def next_lock_operation(using):
+    with advisory_lock("any-other-key", using=using):
+        pass
+
+
 def test_lock_taken_inside_atomic_is_released_by_rollback(using):
     with pytest.raises(ZeroDivisionError):
         with transaction.atomic(using=using):
@@ -126,6 +137,8 @@ def test_lock_taken_inside_atomic_is_released_by_rollback(using):
                 pass
             assert not is_free("tx-rollback", using)
             1 / 0  # noqa: B018
+    if not NATIVE_TRANSACTION_LOCKS[using]:
+        next_lock_operation(using)
     assert is_free("tx-rollback", using)
 
 
@@ -134,18 +147,24 @@ def test_lock_inside_atomic_marked_for_rollback_is_released_at_the_end(using):
         with advisory_lock("tx-needs-rollback", using=using):
             transaction.set_rollback(True, using=using)
         assert not is_free("tx-needs-rollback", using)
+    if not NATIVE_TRANSACTION_LOCKS[using]:
+        next_lock_operation(using)
     assert is_free("tx-needs-rollback", using)
 
 
-def test_lock_taken_in_a_rolled_back_savepoint_is_released_with_it(using):
-    # PostgreSQL releases xact locks at ROLLBACK TO SAVEPOINT; the other backends do the same.
+def test_lock_taken_in_a_rolled_back_savepoint_is_released_with_it_or_at_the_end(using):
+    # PostgreSQL releases xact locks at ROLLBACK TO SAVEPOINT; elsewhere the lock is held
+    # until the outer transaction ends (longer, never shorter), then released at its commit.
     with transaction.atomic(using=using):
         with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
             with advisory_lock("savepoint", using=using):
                 pass
             assert not is_free("savepoint", using)
             1 / 0  # noqa: B018
-        assert is_free("savepoint", using)
+        assert is_free("savepoint", using) == NATIVE_TRANSACTION_LOCKS[using]
+        with advisory_lock("after-the-savepoint", using=using):
+            pass
+    assert is_free("savepoint", using)
 
 
 def test_lock_taken_in_a_released_savepoint_is_held_until_the_outer_commit(using):
@@ -212,6 +231,9 @@ def test_transaction_that_fails_inside_a_session_lock_releases_it_and_keeps_the_
                 with advisory_lock("failing", using=using, scope="session"):
                     Counter.objects.using(using).create(name="dup")  # IntegrityError
         assert type(excinfo.value).__name__ == "IntegrityError"
+        # PostgreSQL refuses the unlock until the rollback: it runs at the connection's next
+        # lock operation (or the request's end), from this thread.
+        next_lock_operation(using)
         assert is_free("failing", using)
         # The connection is usable afterwards.
         assert Counter.objects.using(using).filter(name="dup").count() == 1
@@ -236,8 +258,7 @@ def test_uncontended_try_and_release_are_one_statement_each(using):
 
 @pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
 def test_lock_statements_are_logged_exactly_when_django_logs_queries(using):
-    # The backends read DEBUG without going through LazySettings' __getattribute__ (see
-    # backends.base.queries_logged): however DEBUG changes, they must log when Django does.
+    # However DEBUG changes, the lock's statements are logged exactly when Django logs its own.
     connection = connections[using]
     connection.ensure_connection()
 
@@ -245,7 +266,6 @@ def test_lock_statements_are_logged_exactly_when_django_logs_queries(using):
         connection.queries_log.clear()
         with advisory_lock("logged", using=using, wait=False):
             pass
-        assert queries_logged(connection) == connection.queries_logged
         return len(connection.queries_log)
 
     expected = 2 * ONE_STATEMENT[using]
@@ -396,8 +416,8 @@ def test_one_lock_object_used_by_two_threads_keeps_their_holds_apart(using):
 
 
 def test_a_lock_runs_on_djangos_connection_for_the_alias_in_each_thread(using):
-    """The library reads the thread's connection itself (faster than connections[alias]):
-    it must be exactly the one Django gives, in this thread and in another."""
+    """A lock runs on exactly the connection Django gives for the alias, in this thread and
+    in another."""
     import threading
 
     seen = {}
@@ -405,12 +425,12 @@ def test_a_lock_runs_on_djangos_connection_for_the_alias_in_each_thread(using):
     def in_thread(name):
         try:
             with advisory_lock(f"thread-{name}", using=using) as handle:
-                seen[name] = (handle._backend.connection, connections[using])
+                seen[name] = (handle.connection, connections[using])
         finally:
             connections.close_all()
 
     with advisory_lock("thread-main", using=using) as handle:
-        assert handle._backend.connection is connections[using]
+        assert handle.connection is connections[using]
     other = threading.Thread(target=in_thread, args=("other",))
     other.start()
     other.join(20)
@@ -427,47 +447,42 @@ def test_a_connection_assigned_to_connections_is_the_one_locked_on(using):
     connections[using] = replacement
     try:
         with advisory_lock("assigned", using=using) as handle:
-            assert handle._backend.connection is replacement
+            assert handle.connection is replacement
             assert not is_free("assigned", using)
     finally:
         connections[using] = original
         replacement.close()
     with advisory_lock("assigned", using=using) as handle:
-        assert handle._backend.connection is original
+        assert handle.connection is original
     with pytest.raises(ConnectionDoesNotExist):
         advisory_lock("assigned", using="no-such-alias").__enter__()
 
 
-def test_in_async_code_a_lock_uses_that_contexts_connection_as_django_does(using):
+def test_in_async_code_a_sync_lock_is_refused_as_django_refuses_sync_queries(using):
     """Async code gets its own connections from Django, which it may not use synchronously: a
-    lock there must not run on the sync thread's open connection instead. (SQLite's locks are
-    files: they need no connection, and Django has nothing to refuse.)"""
+    sync lock there must neither run on the sync thread's open connection nor block the
+    event loop (SQLite's file locks included)."""
     import asyncio
 
     from asgiref.sync import sync_to_async
-
-    from advisory_lock.backends import backend_for
 
     sync_connection = connections[using]
     sync_connection.ensure_connection()
 
     async def lock_in_async_code():
-        djangos = connections[using]
-        assert djangos is not sync_connection
-        assert backend_for(using).connection is djangos
+        assert connections[using] is not sync_connection
         try:
-            with advisory_lock("async", using=using) as handle:
-                return handle._backend.connection is djangos
+            with advisory_lock("async", using=using):
+                return "taken"
         except SynchronousOnlyOperation:
             return "refused"
 
-    expected = True if using == "default" else "refused"
-    assert asyncio.run(lock_in_async_code()) == expected
+    assert asyncio.run(lock_in_async_code()) == "refused"
 
     def lock_in_a_sync_thread():
         try:
             with advisory_lock("async", using=using) as handle:
-                return handle.acquired, handle._backend.connection is connections[using]
+                return handle.acquired, handle.connection is connections[using]
         finally:
             connections.close_all()
 
@@ -476,20 +491,3 @@ def test_in_async_code_a_lock_uses_that_contexts_connection_as_django_does(using
 
     assert asyncio.run(through_sync_to_async()) == (True, True)
     assert is_free("async", using)
-
-
-# As backends/__init__.py finds them at import when the storage is not of the known shape, and
-# as a Local that Django replaced would compare.
-@pytest.mark.parametrize(
-    ("found", "value"), [("_SYNC_STORAGE", None), ("_CONNECTIONS_LOCAL", object())]
-)
-def test_if_djangos_storage_of_connections_is_not_the_known_one_locks_ask_connections(
-    using, found, value, monkeypatch
-):
-    from advisory_lock import backends
-
-    monkeypatch.setattr(backends, found, value)
-    with advisory_lock("fallback", using=using) as handle:
-        assert handle._backend.connection is connections[using]
-        assert not is_free("fallback", using)
-    assert is_free("fallback", using)

@@ -31,21 +31,19 @@ from django.urls import path
 from advisory_lock import LockLost
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
-from advisory_lock.backends import get_backend
-from advisory_lock.backends.postgresql import _FAST_TRY_SQL
-from advisory_lock.backends.postgresql import _FAST_UNLOCK_SQL
-from advisory_lock.backends.postgresql import _STATEMENT_NAMES
 from advisory_lock.backends.postgresql import POOLED_ALIASES
+from advisory_lock.backends.postgresql import _prepared
 from advisory_lock.backends.postgresql import lock_row_ids
 from advisory_lock.backends.postgresql import reset_pooled_connection
 from advisory_lock.keys import make_key
+from advisory_lock.locks import connection_locks
 from tests.pgbouncer import start_pgbouncer
 from tests.probes import in_other_connection
 from tests.probes import is_free
 
 pytestmark = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
 
-RELEASE_LEFTOVERS = "advisory_lock.release_leftovers"  # dispatch_uid of the request handler
+RELEASE_LEFTOVERS = "advisory_lock.leftovers"  # dispatch_uid of the request handler
 
 
 # Helpers: aliases added at run time, raw connections, what pg_locks says.
@@ -281,9 +279,9 @@ def test_pooler_detected_when_acquiring_leaves_no_lock_behind(bouncer_alias, sta
 def test_pooler_detected_after_the_lock_statements_were_prepared(
     bouncer_alias, stack, other_server
 ):
-    # From their third run on a connection, the try and unlock are prepared statements, on
-    # the server connection they ran on. Moved to another one, the statement is unknown there
-    # (it is run again unprepared, guarded), or another client of this library prepared the
+    # The try and unlock are prepared statements, on the server connection they first ran
+    # on. Moved to another one, the statement is unknown there (it is run again unprepared,
+    # guarded), or another client of this library prepared the
     # same name there: either way the guard keeps it from locking anything.
     bouncer = bouncer_alias("transaction", 2)
     c, d = bouncer_client(stack, bouncer), bouncer_client(stack, bouncer)
@@ -295,16 +293,17 @@ def test_pooler_detected_after_the_lock_statements_were_prepared(
         with advisory_lock("pooler:warm", using="bouncer", wait=False) as handle:
             assert handle.acquired
             [(s2, _)] = lock_holders(direct, "pooler:warm")
-    try_sql = _FAST_TRY_SQL[False, False, True]  # exclusive, bigint key, guarded
-    unlock_sql = _FAST_UNLOCK_SQL[False, False, True]
-    name = _STATEMENT_NAMES[try_sql].decode()
+    # Exclusive, bigint key: the first try before the pid was known, then guarded ones.
+    names = {
+        _prepared("pg_try_advisory_lock", False, False)[0].decode(),
+        _prepared("pg_try_advisory_lock", False, True)[0].decode(),
+        _prepared("pg_advisory_unlock", False, True)[0].decode(),
+    }
     with connections["bouncer"].cursor() as cursor:  # S2 is the only free server connection
         cursor.execute("SELECT pg_backend_pid(), name FROM pg_prepared_statements")
-        assert sorted(cursor.fetchall()) == sorted(
-            [(s2, name), (s2, _STATEMENT_NAMES[unlock_sql].decode())]
-        )
+        assert sorted(cursor.fetchall()) == sorted((s2, name) for name in names)
     if other_server == "prepared-by-another-client":
-        c.execute(f"PREPARE {name}(integer, bigint) AS {try_sql.decode()}")  # on S1
+        c.execute(_prepared("pg_try_advisory_lock", False, True)[1].decode())  # on S1
     d.execute("BEGIN")
     assert d.execute("SELECT pg_backend_pid()").fetchone()[0] == s2  # D now has S2
     c.execute("COMMIT")  # only S1 is free: the next lock statement runs there
@@ -518,7 +517,7 @@ def test_request_that_leaves_a_session_lock_on_a_persistent_connection_releases_
     assert Client().get("/leaky/").content == b"leaked"
     assert backend_pid(alias) == pid  # the connection persists across the request...
     assert is_free("pooler:request", "postgresql")  # ...but not the lock
-    assert get_backend(connections[alias]).session_holds == {}
+    assert connection_locks(connections[alias]).session_holds == []
     assert "A request ended holding 1 session lock(s) on database 'persistent'" in caplog.text
 
 
@@ -531,8 +530,9 @@ def test_without_the_request_finished_handler_the_leaked_lock_would_outlive_the_
         assert Client().get("/leaky/").content == b"leaked"
         assert not is_free("pooler:request", "postgresql")
     finally:
-        from advisory_lock.locks import release_leftover_session_locks
+        from advisory_lock.locks import release_leftovers
 
-        request_finished.connect(release_leftover_session_locks, dispatch_uid=RELEASE_LEFTOVERS)
-        get_backend(connections[alias]).release_all()
+        request_finished.connect(release_leftovers, dispatch_uid=RELEASE_LEFTOVERS)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
     assert is_free("pooler:request", "postgresql")

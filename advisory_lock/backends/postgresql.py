@@ -1,139 +1,305 @@
 """PostgreSQL advisory locks (``pg_advisory_lock`` and friends), through psycopg 3.
 
-PostgreSQL keeps advisory locks per database, counts repeated holds by one session, and
-releases transaction-level (xact) locks itself at the end of the top-level transaction, or at
-ROLLBACK TO SAVEPOINT of the savepoint they were taken in.
+PostgreSQL keeps advisory locks per database and counts repeated holds by one session. It
+releases transaction-level (xact) locks itself at the end of the top-level transaction, and
+at ROLLBACK TO SAVEPOINT of a savepoint they were taken in; session locks when the session
+ends. Keys are ints, written into the statements by us (nothing to escape).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import math
-import time
 from typing import Any
 
 from psycopg import errors
-from psycopg.pq import ExecStatus
 from psycopg.pq import TransactionStatus
 
+from advisory_lock.backends.base import Holder
+from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
+from advisory_lock.backends.base import LockInspector
+from advisory_lock.backends.base import LockRow
 from advisory_lock.backends.base import pooler_advice
-from advisory_lock.backends.base import queries_logged
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import LockKey
 
+#: Aliases found behind a transaction-mode pooler (the server pid changed under one client
+#: connection): session locks are refused there for the rest of the process's life.
+POOLED_ALIASES: set[str] = set()
 
-def _function(*, try_: bool, xact: bool, shared: bool) -> str:
+
+def _function(
+    *, try_: bool = False, xact: bool = False, shared: bool, unlock: bool = False
+) -> str:
+    if unlock:
+        return "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
     return (
         f"pg_{'try_' if try_ else ''}advisory_{'xact_' if xact else ''}lock"
         f"{'_shared' if shared else ''}"
     )
 
 
-def _call(function: str, *, pair: bool, guarded: bool) -> str:
-    call = f"{function}({'%s::integer, %s::integer' if pair else '%s::bigint'})"
-    # Guarded: run only on the server connection we expect (its pid is the first parameter).
-    return f"CASE WHEN pg_backend_pid() = %s THEN {call} END" if guarded else call
+def _select(function: str, arguments: str, *, pid: str | None) -> str:
+    """``SELECT function(arguments)``. Session statements (``pid`` given, or ``""`` before
+    the pid is known) also return ``pg_backend_pid()`` in the same round trip: a pid that
+    changes under one client connection means a transaction-mode pooler (PgBouncer) moved us
+    to another server connection. Once the pid is known they are *guarded*: they lock only
+    on that server connection, so a pooler can't make us take a lock that nobody will
+    release, or release someone else's."""
+    call = f"{function}({arguments})"
+    if pid is None:
+        return f"SELECT {call}"
+    if pid:
+        call = f"CASE WHEN pg_backend_pid() = {pid} THEN {call} END"
+    return f"SELECT {call}, pg_backend_pid()"
 
 
-# (try, xact, shared, pair, guarded) → the statement. Built once from fixed names; keys are
-# parameters. Session-lock statements also return pg_backend_pid(), in the same round trip:
-# a server pid that changes under one client connection means a transaction-mode pooler
-# (PgBouncer). Once the pid is known, they run only on that server connection, so a pooler
-# that moved us can't make us take a lock nobody will release, or release someone else's.
-_LOCK_SQL = {
-    (try_, xact, shared, pair, guarded): (
-        "SELECT "
-        + _call(_function(try_=try_, xact=xact, shared=shared), pair=pair, guarded=guarded)
-        + ("" if xact else ", pg_backend_pid()")
-    )
-    for try_ in (False, True)
-    for xact in (False, True)
-    for shared in (False, True)
-    for pair in (False, True)
-    for guarded in (False, True)
-    if not (xact and guarded)
-}
-_UNLOCK_SQL = {
-    (shared, pair, guarded): (
-        "SELECT "
-        + _call(
-            "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock",
-            pair=pair,
-            guarded=guarded,
+@functools.cache
+def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes]:
+    """(name, PREPARE statement) of a session try or unlock. The name is the text's hash, so
+    one name means one statement on any server connection."""
+    arguments = "$2, $3" if pair and guarded else "$1, $2" if pair else "$2" if guarded else "$1"
+    select = _select(function, arguments, pid="$1" if guarded else "")
+    types = ["integer"] * guarded + (["integer", "integer"] if pair else ["bigint"])
+    name = f"advisory_lock_{hashlib.sha256(select.encode()).hexdigest()[:16]}"
+    return name.encode(), f"PREPARE {name} ({', '.join(types)}) AS {select}".encode()
+
+
+class PostgreSQLBackend(LockBackend):
+    vendor = "postgresql"
+    native_transaction_locks = True
+    max_timeout = (2**31 - 1) / 1000  # lock_timeout is a 32-bit number of milliseconds
+
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection)
+        # What we know of the driver connection we last ran on (forgotten when it changes).
+        self._raw: Any = None
+        self._cursor: Any = None
+        self._pid: int | None = None  # its server pid, once a session statement told us
+        self._prepared: set[bytes] = set()  # statements PREPARE'd on its server session
+
+    def db_key(self, key: LockKey) -> int | tuple[int, int]:
+        return key.as_int64()
+
+    def acquire(
+        self, db_key: Any, *, shared: bool, timeout: float | None, transaction: bool
+    ) -> bool:
+        keys = db_key if type(db_key) is tuple else (db_key,)
+        try:
+            if transaction:  # one statement: the server releases it with the transaction
+                function = _function(try_=timeout == 0, xact=True, shared=shared)
+                row = self._wait(_select(function, _args(keys), pid=None), timeout)
+                return row is not None and row[0] is not False
+            if timeout == 0 or self._outside_transaction():
+                # Try first: an uncontended lock costs one round trip whatever the wait.
+                row = self._session_statement(_function(try_=True, shared=shared), keys)
+                if row[0] is not False or timeout == 0:
+                    return self._held_on_same_server(row)
+            function = _function(shared=shared)
+            row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
+        except errors.LockNotAvailable:
+            return False  # lock_timeout (ours, or one set on the server) ran out: 55P03
+        return row is not None and self._held_on_same_server(row)
+
+    def release(self, db_key: Any, *, shared: bool) -> bool:
+        keys = db_key if type(db_key) is tuple else (db_key,)
+        expected = self._pid
+        released, pid = self._session_statement(_function(unlock=True, shared=shared), keys)
+        if not self._same_server(pid):
+            raise LockLost(
+                f"The lock was taken on server pid {expected} of {self.describe()}, and the "
+                f"release reached pid {pid}: a transaction-mode pooler (PgBouncer) is in "
+                f"between. The lock stays held by pid {expected} until that server "
+                f"connection closes. {pooler_advice(self.connection.alias)}"
+            )
+        return bool(released)
+
+    def is_held(self, db_key: Any) -> bool:
+        classid, objid, objsubid = lock_row_ids(db_key)
+        return bool(
+            self._run(
+                f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} "
+                f"AND l.pid = pg_backend_pid())".format(classid, objid, objsubid).encode()
+            )[0]
         )
-        + ", pg_backend_pid()"
-    )
-    for shared in (False, True)
-    for pair in (False, True)
-    for guarded in (False, True)
-}
+
+    def transaction_aborted(self) -> bool:
+        raw = self.connection.connection
+        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+
+    def session_lock_problem(self) -> str | None:
+        if self.connection.alias in POOLED_ALIASES:
+            return (
+                f"Session-scoped locks can't work on {self.describe()}: a transaction-mode "
+                f"pooler was detected in front of it (the server pid changed under one "
+                f"client connection). {pooler_advice(self.connection.alias)}"
+            )
+        return super().session_lock_problem()
+
+    @classmethod
+    def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:
+        pool = settings_dict.get("OPTIONS", {}).get("pool")
+        if not pool or (isinstance(pool, dict) and pool.get("reset") is reset_pooled_connection):
+            return None
+        return (
+            "Django's PostgreSQL connection pool hands a connection to the next borrower with "
+            "whatever advisory session locks the last one left on it."
+        )
+
+    @classmethod
+    def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
+        settings_dict = super().dedicated_settings(settings_dict, label)
+        options = settings_dict.setdefault("OPTIONS", {})
+        options.pop("pool", None)  # a lock's own connection never goes back to a pool
+        # Shown in pg_stat_activity, so that "who holds it" answers with a name.
+        options["application_name"] = label[:63]
+        return settings_dict
+
+    # Statements.
+
+    def _session_statement(self, function: str, keys: tuple[int, ...]) -> tuple[Any, ...]:
+        """A session try or unlock: prepared outside transactions (parsed and planned once
+        per server session, which makes it cheaper than a plain statement); plain inside
+        one, where a failed EXECUTE would abort the caller's transaction."""
+        if not self._outside_transaction():
+            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+        guarded = self._pid is not None
+        name, prepare = _prepared(function, len(keys) == 2, guarded)
+        values = (self._pid, *keys) if guarded else keys
+        execute = b"EXECUTE %s(%s)" % (name, _args(values).encode())
+        if name in self._prepared:
+            try:
+                return self._run(execute)
+            except errors.InvalidSqlStatementName:
+                # DEALLOCATE or DISCARD ran, or a pooler moved us to another server
+                # connection: run it plain, so that the pid tells which.
+                self._prepared.clear()
+                return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+        try:
+            row = self._run(prepare + b"; " + execute, after_first=True)
+        except errors.DuplicatePreparedStatement:
+            # Prepared on this server session by an earlier client (a pooled connection):
+            # one name stands for one statement text, so it is this one.
+            row = self._run(execute)
+        self._prepared.add(name)
+        return row
+
+    def _wait(self, select: str, timeout: float | None) -> tuple[Any, ...] | None:
+        """Run a lock statement that may wait: for ever, or at most ``timeout`` seconds
+        (then None)."""
+        if timeout is None or timeout == 0:
+            return self._run(select.encode())
+        # lock_timeout is in milliseconds, and 0 would mean "no limit".
+        milliseconds = max(1, math.ceil(timeout * 1000))
+        call = select.removeprefix("SELECT ")
+        if self._outside_transaction():
+            # set_config(..., true) lasts for this statement's own transaction. The sub-select
+            # holds a volatile function, so the planner runs it first, not pulled up.
+            return self._run(
+                f"SELECT {call} FROM (SELECT set_config('lock_timeout', '{milliseconds}', "
+                f"true)) AS _t".encode()
+            )
+        # In a transaction a lock_timeout error would abort it: wait in a savepoint, and
+        # restore the previous lock_timeout in the same statement (a released savepoint
+        # keeps SET LOCAL values).
+        self._run(b"SAVEPOINT advisory_lock_wait", fetch=False)
+        try:
+            row: tuple[Any, ...] | None = self._run(
+                f"SELECT {call}, set_config('lock_timeout', _t.previous, true) FROM "
+                f"(SELECT current_setting('lock_timeout') AS previous, "
+                f"set_config('lock_timeout', '{milliseconds}', true)) AS _t".encode()
+            )
+        except errors.LockNotAvailable:
+            self._run(b"ROLLBACK TO SAVEPOINT advisory_lock_wait", fetch=False)
+            row = None
+        self._run(b"RELEASE SAVEPOINT advisory_lock_wait", fetch=False)
+        return row
+
+    def _run(
+        self, sql: bytes, *, fetch: bool = True, after_first: bool = False
+    ) -> tuple[Any, ...]:
+        """Run one statement (``after_first``: two, and read the second's result); return
+        the first row. Driver errors come out as Django's, as from Django's cursor, except
+        the ones the lock expects (a timeout, a missing or duplicate prepared statement)."""
+        connection = self.connection
+        try:
+            if connection.queries_logged or connection.execute_wrappers:
+                with connection.cursor() as cursor:
+                    return _fetch(cursor, sql.decode(), fetch, after_first)
+            return _fetch(self._driver_cursor(), sql, fetch, after_first)
+        except Exception as exc:
+            # Django's cursor raises Django's exception with the driver's as its cause.
+            error = exc.__cause__ if isinstance(exc.__cause__, errors.Error) else exc
+            if isinstance(error, _EXPECTED):
+                raise error from None
+            if isinstance(error, errors.OutOfMemory):
+                raise AdvisoryLockError(
+                    f"PostgreSQL's lock table is full on {self.describe()} ({error}). Each "
+                    f"advisory lock takes a slot; the table has max_locks_per_transaction x "
+                    f"(max_connections + max_prepared_transactions) slots. Release locks "
+                    f"you no longer need, or raise max_locks_per_transaction."
+                ) from error
+            if error is exc and isinstance(exc, errors.Error):
+                with connection.wrap_database_errors:
+                    raise
+            raise
+
+    def _driver_cursor(self) -> Any:
+        """A cursor of the driver connection, connecting if need be; kept while it is the
+        same connection, and what we knew of an earlier one forgotten."""
+        connection = self.connection
+        raw = connection.connection
+        if raw is None:
+            connection.ensure_connection()
+            raw = connection.connection
+        if raw is not self._raw:
+            self._raw, self._cursor, self._pid, self._prepared = raw, raw.cursor(), None, set()
+        return self._cursor
+
+    def _outside_transaction(self) -> bool:
+        raw = self._driver_cursor().connection
+        return raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+
+    def _guard(self) -> str:
+        return "" if self._pid is None else str(self._pid)
+
+    def _same_server(self, pid: int) -> bool:
+        """Note the server pid a session statement ran on; False if it moved (a pooler)."""
+        if self._pid is None or pid == self._pid:
+            self._pid = pid
+            return True
+        POOLED_ALIASES.add(self.connection.alias)
+        return False
+
+    def _held_on_same_server(self, row: tuple[Any, ...]) -> bool:
+        if not self._same_server(row[1]):
+            # The guard kept the statement from locking anything on that other connection.
+            raise NotSupportedError(self.session_lock_problem())
+        return row[0] is not False
 
 
-# The same try and unlock statements for libpq itself (PQexecParams): the fast path outside
-# transactions, one round trip without psycopg's cursor machinery (see _exec_fast).
-def _fast_sql(statement: str) -> bytes:
-    numbered = statement
-    for number in range(1, statement.count("%s") + 1):
-        numbered = numbered.replace("%s", f"${number}", 1)
-    return numbered.replace("::bigint", "").replace("::integer", "").encode()
+def _args(values: tuple[int, ...]) -> str:
+    return ", ".join(map(str, values))
 
 
-_FAST_TRY_SQL = {
-    (shared, pair, guarded): _fast_sql(_LOCK_SQL[True, False, shared, pair, guarded])
-    for shared in (False, True)
-    for pair in (False, True)
-    for guarded in (False, True)
-}
-_FAST_UNLOCK_SQL = {variant: _fast_sql(sql) for variant, sql in _UNLOCK_SQL.items()}
-# Prepared statement names: from the statement's text, so that a name means one statement on
-# any server connection (a pooler may run ours on a connection another client prepared).
-_STATEMENT_NAMES = {
-    sql: b"advisory_lock_" + hashlib.sha256(sql).hexdigest()[:16].encode()
-    for sql in (*_FAST_TRY_SQL.values(), *_FAST_UNLOCK_SQL.values())
-}
-# Prepared from their third run on a connection: a lock taken once per connection (a request
-# on a new connection) does not pay the extra round trip that preparing costs.
-_PREPARE_AFTER = 2
-_SQLSTATE = 0x43  # PG_DIAG_SQLSTATE
-_UNKNOWN_STATEMENT = b"26000"  # invalid_sql_statement_name: no such prepared statement
-_DUPLICATE_STATEMENT = b"42P05"  # duplicate_prepared_statement
-_INT8, _INT4 = 20, 23  # type oids of the parameters: a bigint key, or an int pair
-# (pair, number of parameters) → their types: the key's, after the guard's pid if guarded.
-_TYPES = {
-    (False, 1): [_INT8],
-    (False, 2): [_INT4, _INT8],
-    (True, 2): [_INT4, _INT4],
-    (True, 3): [_INT4, _INT4, _INT4],
-}
+def _fetch(cursor: Any, sql: bytes | str, fetch: bool, after_first: bool) -> tuple[Any, ...]:
+    cursor.execute(sql)
+    if after_first:
+        cursor.nextset()
+    return cursor.fetchone() if fetch else ()
 
 
-def _outside_transaction(raw: Any) -> bool:
-    """No transaction is open or pending: the fast path (libpq itself) may run a statement."""
-    return raw.autocommit and raw.pgconn.transaction_status == TransactionStatus.IDLE
-
-
-# A bounded wait in autocommit mode: set_config(..., true) lasts for this statement's own
-# transaction only. The sub-select runs first: it holds a volatile function, so the planner
-# can't pull it up into the outer query.
-_BOUNDED_SQL = "SELECT {lock} FROM (SELECT set_config('lock_timeout', %s::text, true)) AS _t"
-# Inside a transaction: restore the previous lock_timeout in the same statement, so the
-# setting does not outlive the lock call (a released savepoint keeps SET LOCAL values).
-_BOUNDED_IN_TRANSACTION_SQL = (
-    "SELECT {lock}, set_config('lock_timeout', _t.previous, true) FROM "
-    "(SELECT current_setting('lock_timeout') AS previous, "
-    "set_config('lock_timeout', %s::text, true)) AS _t"
+# Errors that are outcomes the backend handles, not failures.
+_EXPECTED = (
+    errors.LockNotAvailable,  # lock_timeout ran out
+    errors.InvalidSqlStatementName,  # our prepared statement is not on this server session
+    errors.DuplicatePreparedStatement,  # it is already there
 )
-_BOUNDED = {k: _BOUNDED_SQL.format(lock=v.removeprefix("SELECT ")) for k, v in _LOCK_SQL.items()}
-# Aliases on which a transaction-mode pooler was seen (the server pid changed), per process.
-POOLED_ALIASES: set[str] = set()
-_BOUNDED_IN_TRANSACTION = {
-    k: _BOUNDED_IN_TRANSACTION_SQL.format(lock=v.removeprefix("SELECT "))
-    for k, v in _LOCK_SQL.items()
-}
 
 
 # pg_locks shows a bigint key as classid (high 32 bits) and objid (low), objsubid 1; an int
@@ -141,27 +307,7 @@ _BOUNDED_IN_TRANSACTION = {
 _LOCK_ROW = (
     "l.locktype = 'advisory' AND l.granted "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid AND l.objsubid = %s"
-)
-_IS_HELD_SQL = (
-    f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = pg_backend_pid())"
-)
-_HOLDER_SQL = (
-    "SELECT a.pid, a.usename, a.application_name, host(a.client_addr), a.backend_start, "
-    "a.xact_start, a.state, EXTRACT(EPOCH FROM now() - a.backend_start) "
-    f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE {_LOCK_ROW} LIMIT 1"
-)
-
-
-_LIST_SQL = (
-    "SELECT l.classid, l.objid, l.objsubid, l.mode, l.granted, l.pid, a.usename, "
-    "a.application_name, host(a.client_addr), a.backend_start, a.xact_start, a.state, a.query, "
-    "EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.backend_start)), "
-    "EXTRACT(EPOCH FROM now() - (to_jsonb(l) ->> 'waitstart')::timestamptz) "
-    "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' "
-    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "ORDER BY l.granted DESC, l.pid"
+    "AND l.classid = {0}::bigint::oid AND l.objid = {1}::bigint::oid AND l.objsubid = {2}"
 )
 
 
@@ -170,7 +316,7 @@ def _signed32(value: int) -> int:
 
 
 def key_from_lock_row(classid: int, objid: int, objsubid: int) -> int | tuple[int, int]:
-    """The advisory key of a pg_locks row (the inverse of lock_row_ids)."""
+    """The advisory key of a pg_locks row (the inverse of ``lock_row_ids``)."""
     if objsubid == 2:
         return _signed32(classid), _signed32(objid)
     value = (classid << 32) | objid
@@ -184,281 +330,83 @@ def lock_row_ids(db_key: int | tuple[int, int]) -> tuple[int, int, int]:
     return (db_key >> 32) & 0xFFFFFFFF, db_key & 0xFFFFFFFF, 1
 
 
-class PostgreSQLBackend(LockBackend):
-    vendor = "postgresql"
-    native_transaction_scope = True
+_ACTIVITY = (
+    "a.pid, a.usename, a.application_name, host(a.client_addr), a.backend_start, "
+    "a.xact_start, a.state, a.query"
+)
+_LIST_SQL = (
+    f"SELECT l.classid, l.objid, l.objsubid, l.mode, l.granted, l.pid, {_ACTIVITY}, "
+    "EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.backend_start)), "
+    "EXTRACT(EPOCH FROM now() - (to_jsonb(l) ->> 'waitstart')::timestamptz) "
+    "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "ORDER BY l.granted DESC, l.pid"
+)
 
-    def __init__(self, connection: Any) -> None:
-        super().__init__(connection)
-        # The server pid behind the current driver connection, once a statement told us.
-        self._server_pid: int | None = None
 
-    def new_driver_connection(self) -> None:
-        super().new_driver_connection()
-        self._server_pid = None
-
-    def db_key(self, key: LockKey) -> int | tuple[int, int]:
-        return key.as_int64()
-
-    def acquire(
-        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
-    ) -> bool:
-        raw = self.driver_connection()
-        pair = type(db_key) is tuple
-        params = db_key if pair else (db_key,)
-        guarded = not transaction and self._server_pid is not None
-        if guarded:
-            params = (self._server_pid, *params)
-        # Driver errors come out as Django's, as from a cursor; translated only when one is
-        # raised (a `with wrap_database_errors` around the call costs two Python calls).
-        try:
-            if not transaction and _outside_transaction(raw):
-                # Try first, through libpq: an uncontended lock costs one round trip
-                # whatever the wait; only a busy one goes on to wait in the server.
-                row = self._exec_fast(raw, _FAST_TRY_SQL[shared, pair, guarded], params, pair)
-                if row[0] is False and timeout != 0:
-                    row = self._wait((False, False, shared, pair, guarded), params, timeout)
-            elif timeout == 0:
-                row = self.run(_LOCK_SQL[True, transaction, shared, pair, guarded], params)
-            else:
-                row = self._wait((False, transaction, shared, pair, guarded), params, timeout)
-        except errors.LockNotAvailable:
-            # lock_timeout (ours, or one set on the server) ran out: SQLSTATE 55P03.
-            return False
-        except errors.OutOfMemory as exc:
-            raise AdvisoryLockError(
-                f"PostgreSQL's lock table is full on {self.describe()} ({exc}). Each "
-                f"advisory lock takes a slot; the table has max_locks_per_transaction x "
-                f"(max_connections + max_prepared_transactions) slots. Release locks you "
-                f"no longer need, or raise max_locks_per_transaction."
-            ) from exc
-        except Exception:
-            with self.connection.wrap_database_errors:
-                raise
-        if row is None:
-            return False  # the bounded wait ran out
-        if not transaction and not self._same_server(row[1]):
-            # The guard kept the statement from locking anything on this other connection.
-            raise NotSupportedError(self.session_lock_problem())
-        return row[0] is not False
-
-    def _wait(
-        self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float | None
-    ) -> tuple[Any, ...] | None:
-        """Wait in the server: for ever, or at most ``timeout`` (None if it ran out)."""
-        if timeout is None:
-            return self.run(_LOCK_SQL[variant], params)
-        return self._bounded_wait(variant, params, timeout)
-
-    def _bounded_wait(
-        self, variant: tuple[bool, ...], params: tuple[Any, ...], timeout: float
-    ) -> tuple[Any, ...] | None:
-        """Wait at most ``timeout``; return the lock statement's row, or None if it ran out."""
-        # lock_timeout is in milliseconds, and 0 would mean "no limit".
-        lock_timeout = str(max(1, math.ceil(timeout * 1000)))
-        if self.connection.connection.autocommit:
-            return self.run(_BOUNDED[variant], (*params, lock_timeout))
-        # In a transaction a lock_timeout error would abort it: wait inside a savepoint.
-        self.run("SAVEPOINT advisory_lock_wait", (), fetch=False)
-        try:
-            row = self.run(_BOUNDED_IN_TRANSACTION[variant], (*params, lock_timeout))
-        except errors.LockNotAvailable:
-            self.run("ROLLBACK TO SAVEPOINT advisory_lock_wait", (), fetch=False)
-            self.run("RELEASE SAVEPOINT advisory_lock_wait", (), fetch=False)
-            return None
-        self.run("RELEASE SAVEPOINT advisory_lock_wait", (), fetch=False)
-        return row
-
-    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
-        raw = self.driver_connection()
-        pair = type(db_key) is tuple
-        params = db_key if pair else (db_key,)
-        guard = self._server_pid
-        if guard is not None:
-            params = (guard, *params)
-        try:
-            if _outside_transaction(raw):
-                row = self._exec_fast(
-                    raw, _FAST_UNLOCK_SQL[shared, pair, guard is not None], params, pair
-                )
-            else:
-                row = self.run(_UNLOCK_SQL[shared, pair, guard is not None], params)
-                if after_rollback and raw.info.transaction_status == TransactionStatus.INTRANS:
-                    # Django has rolled back but not yet switched autocommit back on; psycopg
-                    # opened a transaction for the unlock, which must not be left open.
-                    raw.commit()
-        except Exception:
-            with self.connection.wrap_database_errors:  # as in acquire()
-                raise
-        if not self._same_server(row[1]):
-            raise LockLost(
-                f"The lock was taken on server pid {guard} of {self.describe()}, and the "
-                f"release reached pid {row[1]}: a transaction-mode pooler (PgBouncer) is in "
-                f"between. The lock stays held by pid {guard} until that server connection "
-                f"closes. {pooler_advice(self.connection.alias)}"
+class PostgreSQLInspector(LockInspector):
+    def holder(self, db_key: Any) -> Holder | None:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {_ACTIVITY} FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE {_LOCK_ROW.format('%s', '%s', '%s')} LIMIT 1",
+                lock_row_ids(db_key),
             )
-        return bool(row[0])
+            row = cursor.fetchone()
+        return None if row is None else _holder(row)
 
-    def _exec_fast(
-        self, raw: Any, sql: bytes, params: tuple[int, ...], pair: bool
-    ) -> tuple[bool | None, int]:
-        """Run a try or unlock statement through libpq itself: one round trip without the
-        per-statement Python work of a psycopg cursor. Only for statements that never wait,
-        outside transactions: libpq blocks until the server answers.
-
-        A statement that runs again on a connection is prepared (PQprepare, once), which
-        saves the server parsing and planning it each time: about a third of the pair.
-        """
-        values = [b"%d" % value for value in params]
-        logged = queries_logged(self.connection)
-        start = time.monotonic() if logged else 0.0
-        try:
-            uses = raw._advisory_lock_uses
-        except AttributeError:
-            uses = raw._advisory_lock_uses = {}
-        count = uses.get(sql, 0)
-        with raw.lock:
-            pgconn = raw.pgconn
-            if count < 0:  # prepared
-                result = pgconn.exec_prepared(_STATEMENT_NAMES[sql], values)
-                if result.error_field(_SQLSTATE) == _UNKNOWN_STATEMENT:
-                    # DEALLOCATE or DISCARD ran, or a transaction-mode pooler moved us to
-                    # another server connection: run it unprepared, so the guard can tell.
-                    uses.clear()
-                    result = pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
-            elif count < _PREPARE_AFTER:
-                uses[sql] = count + 1
-                result = pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
-            else:
-                prepared = pgconn.prepare(_STATEMENT_NAMES[sql], sql, _TYPES[pair, len(params)])
-                # Already there (the server connection outlived an earlier client of ours): a
-                # name stands for one statement text, so it is this one.
-                if prepared.status == ExecStatus.COMMAND_OK or (
-                    prepared.error_field(_SQLSTATE) == _DUPLICATE_STATEMENT
-                ):
-                    uses[sql] = -1
-                    result = pgconn.exec_prepared(_STATEMENT_NAMES[sql], values)
-                else:  # preparing is only a saving: never let it fail the lock
-                    uses[sql] = 0
-                    result = pgconn.exec_params(sql, values, _TYPES[pair, len(params)])
-        if logged:
-            readable = sql.decode()
-            for number in range(len(params), 0, -1):
-                readable = readable.replace(f"${number}", str(params[number - 1]))
-            self.log_query(readable, start)
-        if result.status != ExecStatus.TUPLES_OK:
-            raise errors.error_from_result(result, encoding=raw.info.encoding)
-        locked = result.get_value(0, 0)
-        return (None if locked is None else locked == b"t"), int(result.get_value(0, 1))
-
-    def _same_server(self, pid: int) -> bool:
-        """Note the server pid a statement ran on; False if it moved (a pooler)."""
-        if self._server_pid is None or pid == self._server_pid:
-            self._server_pid = pid
-            return True
-        POOLED_ALIASES.add(self.connection.alias)
-        return False
-
-    def session_lock_problem(self) -> str | None:
-        if self.connection.alias in POOLED_ALIASES:
-            return (
-                f"Session-scoped locks can't work on {self.describe()}: a transaction-mode "
-                f"pooler was detected in front of it (the server pid changed under one "
-                f"client connection). {pooler_advice(self.connection.alias)}"
-            )
-        return super().session_lock_problem()
-
-    def release_all(self) -> None:
-        with self.connection.wrap_database_errors:
-            self.run("SELECT pg_advisory_unlock_all()", ())
-        self.session_holds.clear()
-
-    def is_held(self, db_key: Any) -> bool:
-        with self.connection.wrap_database_errors:
-            return self.run(_IS_HELD_SQL, lock_row_ids(db_key))[0]
-
-    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
-        with self.connection.wrap_database_errors, self.connection.cursor() as cursor:
+    def list_locks(self, known: dict[Any, str]) -> Listing:
+        with self.connection.cursor() as cursor:
             cursor.execute(_LIST_SQL)
             rows = cursor.fetchall()
         locks = []
-        for row in rows:
-            classid, objid, objsubid, mode, granted, pid, user, application, client = row[:9]
-            backend_start, xact_start, state, query, held_for, waited_for = row[9:]
+        for classid, objid, objsubid, mode, granted, pid, *activity in rows:
+            held_for, waited_for = activity[8:]
             locks.append(
-                {
-                    "db_key": key_from_lock_row(classid, objid, objsubid),
-                    "mode": "shared" if mode == "ShareLock" else "exclusive",
-                    "granted": granted,
-                    "pid": pid,
-                    "user": user,
-                    "application_name": application,
-                    "client_addr": client,
-                    "backend_start": backend_start,
-                    "transaction_start": xact_start,
-                    "state": state,
-                    "query": query,
+                LockRow(
+                    db_key=key_from_lock_row(classid, objid, objsubid),
+                    mode="shared" if mode == "ShareLock" else "exclusive",
+                    granted=granted,
+                    holder=(
+                        _holder(activity[:8])
+                        if activity[0] is not None
+                        else Holder(pid, "pid")
+                        if pid is not None
+                        else None
+                    ),
                     # PostgreSQL does not record when a lock was granted: this is the time
-                    # since the holder's transaction (else connection) started, an upper bound.
-                    "held_for": float(held_for) if granted and held_for is not None else None,
-                    "waited_for": float(waited_for) if waited_for is not None else None,
-                }
+                    # since the holder's transaction (else session) started, an upper bound.
+                    held_for=float(held_for) if granted and held_for is not None else None,
+                    waited_for=float(waited_for) if waited_for is not None else None,
+                )
             )
-        return "pg_locks", "", locks
+        return Listing("pg_locks", locks)
 
     def terminate(self, holder_id: int) -> None:
-        with self.connection.wrap_database_errors:
-            self.run("SELECT pg_terminate_backend(%s)", (holder_id,))
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [holder_id])
 
     def database_now(self) -> datetime.datetime:
-        with self.connection.wrap_database_errors:
-            return self.run("SELECT statement_timestamp()", ())[0].astimezone(
-                datetime.timezone.utc
-            )
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT statement_timestamp()")
+            (now,) = cursor.fetchone()
+        return now.astimezone(datetime.timezone.utc)
 
-    def holder(self, db_key: Any) -> dict[str, Any] | None:
-        with self.connection.wrap_database_errors:
-            row = self.run(_HOLDER_SQL, lock_row_ids(db_key))
-        if row is None:
-            return None
-        pid, user, application, client, backend_start, xact_start, state, age = row
-        return {
-            "pid": pid,
-            "user": user,
-            "application_name": application,
-            "client_addr": client or "local socket",
-            "since": backend_start,
-            "transaction_start": xact_start,
-            "state": state,
-            "held_for": float(age),
-        }
 
-    @classmethod
-    def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:
-        pool = settings_dict.get("OPTIONS", {}).get("pool")
-        if not pool:
-            return None
-        if isinstance(pool, dict) and pool.get("reset") is reset_pooled_connection:
-            return None
-        return (
-            "Django's PostgreSQL connection pool hands a connection to the next borrower with "
-            "whatever advisory session locks the last one left on it."
-        )
-
-    @classmethod
-    def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
-        settings_dict = super().dedicated_settings(settings_dict, label)
-        options = settings_dict.setdefault("OPTIONS", {})
-        options.pop(
-            "pool", None
-        )  # a lock's connection is never borrowed from, or returned to, a pool
-        # Shown in pg_stat_activity, so that "who holds it" answers with a name.
-        options["application_name"] = label[:63]
-        return settings_dict
-
-    def transaction_is_aborted(self) -> bool:
-        raw = self.connection.connection
-        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+def _holder(row: Any) -> Holder:
+    pid, user, application, client, backend_start, xact_start, state, query = row
+    return Holder(
+        id=pid,
+        kind="pid",
+        user=user,
+        application_name=application,
+        client_addr=client or "local socket",
+        since=backend_start,
+        transaction_start=xact_start,
+        state=state,
+        query=query,
+    )
 
 
 def reset_pooled_connection(connection: Any) -> None:

@@ -1,10 +1,11 @@
-"""SQLite: an OS file lock (``flock``) per key, in a folder beside the database file.
+"""SQLite: an OS file lock (``flock``) per key, in a private folder beside the database file.
 
-``flock`` locks belong to an open file description, so two threads with their own open files
-exclude each other just as two processes do, and the OS drops a dead process's locks. They
-work on one host only. The lock is not tied to the SQLite connection, so this backend counts
-repeated holds itself, and releases transaction-scoped holds when Django ends the
-transaction.
+``flock`` locks belong to an open file description: two threads with their own open files
+exclude each other as two processes do, and the OS drops a dead process's locks. They work
+on one host only, and they are not tied to the SQLite connection, so this backend counts
+repeated holds itself. A released key's file is removed, so the folder holds only the files
+of locks in use; the folder must not be cleaned by hand while processes hold locks (a new
+file at a held lock's path would let a second holder in).
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
+from advisory_lock.backends.base import Holder
+from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
+from advisory_lock.backends.base import LockInspector
+from advisory_lock.backends.base import LockRow
 from advisory_lock.conf import get_setting
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.keys import LockKey
@@ -30,10 +37,13 @@ from advisory_lock.keys import shorten
 MAX_FILE_NAME_LENGTH = 120
 _POLL_START = 0.001
 _POLL_MAX = 0.05
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+# Folders found private to this user in this process (checked once each).
+_checked_folders: set[str] = set()
 
 
 @dataclass
-class _Hold:
+class _File:
     """One open lock file and how often this holder took it in each mode."""
 
     fd: int
@@ -47,125 +57,207 @@ class SQLiteBackend(LockBackend):
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
-        self._holds: dict[str, _Hold] = {}
-
-    def lock_dir(self) -> Path:
-        """``ADVISORY_LOCK["LOCK_DIR"]``, else ``<database file>.locks`` (temp dir in memory)."""
-        configured = get_setting("LOCK_DIR")
-        if configured:
-            return Path(configured)
-        if self.connection.is_in_memory_db():
-            return Path(tempfile.gettempdir()) / f"advisory_lock-{os.getuid()}"
-        return Path(f"{os.path.abspath(self.connection.settings_dict['NAME'])}.locks")
+        self._files: dict[str, _File] = {}
 
     def db_key(self, key: LockKey) -> str:
         name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")
-        return str(self.lock_dir() / f"{name}.lock")
+        return os.path.join(lock_folder(self.connection), f"{name}.lock")
 
     def display_key(self, db_key: Any) -> str:
         return os.path.basename(db_key)
 
-    def holder_token(self) -> object:
-        # The file lock does not depend on the SQLite connection staying open.
+    def session(self) -> object:
+        # The file locks live in this backend, not on the SQLite connection.
         return self
 
     def acquire(
-        self, db_key: Any, *, shared: bool, transaction: bool, timeout: float | None
+        self, db_key: Any, *, shared: bool, timeout: float | None, transaction: bool
     ) -> bool:
-        hold = self._holds.get(db_key)
-        if hold is not None:
-            if shared or hold.exclusive:
+        # Django's own check: inside a running event loop this raises SynchronousOnlyOperation
+        # (a wait here would block the loop), as it does for the server backends.
+        self.connection.ensure_connection()
+        held = self._files.get(db_key)
+        if held is not None:
+            if shared or held.exclusive:
                 # A holder may take again what it holds, and shared under its exclusive.
-                self._count(hold, shared, +1)
+                _count(held, shared, +1)
                 return True
             raise AdvisoryLockError(
                 f"Lock file {db_key} is held shared by this connection of {self.describe()}; "
                 f"SQLite's file locks can't upgrade it to exclusive without letting go. "
                 f"Release the shared hold first."
             )
-        fd = self._open(db_key)
-        if not self._flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, timeout):
-            os.close(fd)
+        fd = _lock_file(db_key, shared, timeout)
+        if fd is None:
             return False
-        hold = self._holds[db_key] = _Hold(fd)
-        self._count(hold, shared, +1)
-        if not shared:
-            _write_holder(fd)
+        held = self._files[db_key] = _File(fd)
+        _count(held, shared, +1)
         return True
 
-    def release(self, db_key: Any, *, shared: bool, after_rollback: bool = False) -> bool:
-        hold = self._holds.get(db_key)
-        if hold is None or not (hold.shared if shared else hold.exclusive):
+    def release(self, db_key: Any, *, shared: bool) -> bool:
+        held = self._files.get(db_key)
+        if held is None or not (held.shared if shared else held.exclusive):
             return False
-        self._count(hold, shared, -1)
-        if not hold.exclusive and not hold.shared:
-            del self._holds[db_key]
-            os.close(hold.fd)  # closing the last descriptor drops the flock
-        elif not hold.exclusive:
-            fcntl.flock(hold.fd, fcntl.LOCK_SH)  # exclusive holds are gone: keep it shared
+        _count(held, shared, -1)
+        if held.exclusive or held.shared:
+            if not held.exclusive:
+                fcntl.flock(held.fd, fcntl.LOCK_SH)  # the exclusive holds are gone
+            return True
+        del self._files[db_key]
+        _unlock_file(db_key, held.fd)
         return True
 
-    def release_all(self) -> None:
-        for hold in self._holds.values():
-            os.close(hold.fd)
-        self._holds.clear()
-        self.session_holds.clear()
-
-    def discard_connection(self) -> None:
-        self.connection.close()  # the file locks are not on the connection: nothing to drop
+    def end_session(self) -> None:
+        files, self._files = self._files, {}
+        for path, held in files.items():
+            _unlock_file(path, held.fd)
 
     def is_held(self, db_key: Any) -> bool:
-        hold = self._holds.get(db_key)
-        if hold is None:
-            return False
-        # Held for as long as the file we lock is the one at the path (not deleted, replaced).
+        held = self._files.get(db_key)
+        # Held for as long as the file we lock is the one at the path (not removed by hand).
+        return held is not None and _same_file(db_key, held.fd)
+
+    def held_count(self) -> int:
+        """How many lock files this holder has open."""
+        return len(self._files)
+
+
+def lock_folder(connection: Any) -> str:
+    """``ADVISORY_LOCK["LOCK_DIR"]``, else ``<database file>.locks`` (for an in-memory database,
+    a folder of this user's in the temp dir), checked to be private to this user."""
+    configured = get_setting("LOCK_DIR")
+    if configured:
+        folder = os.path.abspath(configured)
+    elif connection.is_in_memory_db():
+        folder = os.path.join(tempfile.gettempdir(), f"advisory_lock-{os.geteuid()}")
+    else:
+        folder = f"{os.path.abspath(connection.settings_dict['NAME'])}.locks"
+    if folder not in _checked_folders:
+        _check_private(folder)
+        _checked_folders.add(folder)
+    return folder
+
+
+def _check_private(folder: str) -> None:
+    """Create ``folder`` (0700) or accept it only if it is a directory of this user's that
+    nobody else can write to: anyone who can write there could plant files or links."""
+    parent = os.path.dirname(folder)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    info = os.lstat(folder)
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory (a symbolic link is refused too)"
+    elif info.st_uid != os.geteuid():
+        problem = f"belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}"
+    elif info.st_mode & 0o022:
+        problem = f"can be written by its group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise ImproperlyConfigured(
+            f"SQLite lock folder {folder} {problem}. Lock files must live in a folder private "
+            f"to this user: remove it (no lock is held there), fix it with chmod 700, or set "
+            f"ADVISORY_LOCK['LOCK_DIR'] to another folder."
+        )
+
+
+def _lock_file(path: str, shared: bool, timeout: float | None) -> int | None:
+    """Open and flock the file at ``path``: its descriptor, or None if busy or timed out.
+
+    A releaser removes the file while it still holds it exclusively, so a waiter can get the
+    lock of a file that is no longer at ``path``: it then tries again with the file there
+    now. Whatever goes wrong after the open (a signal, a failed write), the file is closed,
+    which drops the lock.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
         try:
-            return os.stat(db_key).st_ino == os.fstat(hold.fd).st_ino
-        except OSError:
-            return False
-
-    def list_locks(self, names: dict[Any, str]) -> tuple[str, str, list[dict[str, Any]]]:
-        """Lock files in the lock folder, with the flock holders that /proc/locks shows."""
-        folder = self.lock_dir()
-        files = {}
-        if folder.is_dir():
-            for path in folder.glob("*.lock"):
-                with contextlib.suppress(OSError):
-                    files[os.stat(path).st_ino] = str(path)
-        flocks = _kernel_flocks()
-        if flocks is None:
-            return "lock files", "This OS does not tell which process holds a file lock.", []
-        locks = []
-        for inode, pid, exclusive, waiting in flocks:
-            if inode not in files:
+            fd = os.open(path, _OPEN_FLAGS, 0o600)
+        except FileNotFoundError:  # the folder was removed: check it (and make it) again
+            _checked_folders.discard(os.path.dirname(path))
+            _check_private(os.path.dirname(path))
+            _checked_folders.add(os.path.dirname(path))
+            fd = os.open(path, _OPEN_FLAGS, 0o600)
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not _flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, left):
+                os.close(fd)
+                return None
+            if not _same_file(path, fd):
+                os.close(fd)
                 continue
-            holder = self._recorded_holder(files[inode], pid) or {}
-            locks.append(
-                {
-                    "db_key": files[inode],
-                    "mode": "exclusive" if exclusive else "shared",
-                    "granted": not waiting,
-                    "pid": pid,
-                    "host": holder.get("host"),
-                    "backend_start": holder.get("since"),
-                    "held_for": holder.get("held_for") if not waiting else None,
-                }
-            )
-        return "/proc/locks", "", locks
+            if not shared:
+                _write_holder(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-    def terminate(self, holder_id: int) -> None:
-        os.kill(holder_id, signal.SIGTERM)
 
-    def database_now(self) -> datetime.datetime:
-        # SQLite is a file on this host: its clock is this host's.
-        return datetime.datetime.now(datetime.timezone.utc)
+def _unlock_file(path: str, fd: int) -> None:
+    """Remove the file if no one else holds it (we hold it exclusively), then close it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # other shared holders: the file stays for them
+    else:
+        if _same_file(path, fd):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    finally:
+        os.close(fd)  # closing the last descriptor drops the flock
 
-    def holder(self, db_key: Any) -> dict[str, Any] | None:
-        """Who holds the lock file: the kernel's lock table names the pid, the file the rest.
 
-        The record in the file is written just after the ``flock`` is taken, so a busy instance
-        can read it a moment too early (empty, or the previous holder's); the kernel's pid is
-        never stale.
+def _flock(fd: int, operation: int, timeout: float | None) -> bool:
+    if timeout is None:
+        fcntl.flock(fd, operation)
+        return True
+    deadline = time.monotonic() + timeout
+    interval = _POLL_START
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, _POLL_MAX)
+
+
+def _same_file(path: str, fd: int) -> bool:
+    try:
+        at_path = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (at_path.st_dev, at_path.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _count(held: _File, shared: bool, step: int) -> None:
+    if shared:
+        held.shared += step
+    else:
+        held.exclusive += step
+
+
+def _write_holder(fd: int) -> None:
+    """Record who holds an exclusive lock in its file, so that a busy instance can say."""
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = f"pid={os.getpid()} host={socket.gethostname()} since={since}\n".encode()
+    # Write, then cut: a reader never sees an empty file, and reads only the first line.
+    os.pwrite(fd, record, 0)
+    os.ftruncate(fd, len(record))
+
+
+class SQLiteInspector(LockInspector):
+    def holder(self, db_key: Any) -> Holder | None:
+        """The kernel's lock table names the pid; the file's record the rest.
+
+        The record is written just after the ``flock`` is taken, so a busy instance can read
+        it a moment too early (empty); the kernel's pid is never stale.
         """
         try:
             inode = os.stat(db_key).st_ino
@@ -173,7 +265,7 @@ class SQLiteBackend(LockBackend):
             return None
         flocks = _kernel_flocks()
         if flocks is None:
-            return self._recorded_holder(db_key, None)
+            return _recorded_holder(db_key, None)
         holders = [
             (not exclusive, pid)
             for lock_inode, pid, exclusive, waiting in flocks
@@ -182,73 +274,72 @@ class SQLiteBackend(LockBackend):
         if not holders:
             return None
         pid = min(holders)[1]  # the exclusive holder when there is one
-        return self._recorded_holder(db_key, pid) or {"pid": pid, "host": socket.gethostname()}
+        return _recorded_holder(db_key, pid) or Holder(pid, "pid", host=socket.gethostname())
 
-    @staticmethod
-    def _recorded_holder(db_key: str, pid: int | None) -> dict[str, Any] | None:
-        """The record in the lock file, if it is that of ``pid`` (any pid when ``None``)."""
-        try:
-            with open(db_key) as lock_file:
-                text = lock_file.readline()
-        except OSError:
-            return None
-        fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
-        if not fields.get("pid", "").isdigit() or pid not in (None, int(fields["pid"])):
-            return None
-        holder: dict[str, Any] = {"pid": int(fields["pid"]), "host": fields.get("host")}
-        with contextlib.suppress(KeyError, ValueError):
-            since = datetime.datetime.fromisoformat(fields["since"])
-            holder["since"] = since
-            holder["held_for"] = (
-                datetime.datetime.now(datetime.timezone.utc) - since
-            ).total_seconds()
-        return holder
+    def list_locks(self, known: dict[Any, str]) -> Listing:
+        """Lock files in the lock folder, with the flock holders that /proc/locks shows."""
+        folder = lock_folder(self.connection)
+        files = {}
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                if entry.name.endswith(".lock"):
+                    with contextlib.suppress(OSError):
+                        files[entry.inode()] = entry.path
+        flocks = _kernel_flocks()
+        if flocks is None:
+            return Listing(
+                "lock files", [], "This OS does not tell which process holds a file lock."
+            )
+        rows = []
+        for inode, pid, exclusive, waiting in flocks:
+            if inode not in files:
+                continue
+            holder = _recorded_holder(files[inode], pid) or Holder(pid, "pid")
+            held_for = None
+            if not waiting and holder.since is not None:
+                held_for = (
+                    datetime.datetime.now(datetime.timezone.utc) - holder.since
+                ).total_seconds()
+            rows.append(
+                LockRow(
+                    db_key=files[inode],
+                    mode="exclusive" if exclusive else "shared",
+                    granted=not waiting,
+                    holder=holder,
+                    held_for=held_for,
+                )
+            )
+        return Listing("/proc/locks", rows)
 
-    def held_count(self) -> int:
-        """How many lock files this holder has open (for tests and inspection)."""
-        return len(self._holds)
+    def is_lock_session(self, holder_id: int) -> bool:
+        # Never this process or its parents: "terminating" them would stop the server itself.
+        if holder_id <= 1 or holder_id in (os.getpid(), os.getppid()):
+            return False
+        return super().is_lock_session(holder_id)
 
-    @staticmethod
-    def _count(hold: _Hold, shared: bool, step: int) -> None:
-        if shared:
-            hold.shared += step
-        else:
-            hold.exclusive += step
+    def terminate(self, holder_id: int) -> None:
+        os.kill(holder_id, signal.SIGTERM)
 
-    @staticmethod
-    def _open(path: str) -> int:
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-
-    @staticmethod
-    def _flock(fd: int, operation: int, timeout: float | None) -> bool:
-        if timeout is None:
-            fcntl.flock(fd, operation)
-            return True
-        deadline = time.monotonic() + timeout
-        interval = _POLL_START
-        while True:
-            try:
-                fcntl.flock(fd, operation | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                time.sleep(min(interval, left))
-                interval = min(interval * 2, _POLL_MAX)
+    def database_now(self) -> datetime.datetime:
+        # SQLite is a file on this host: its clock is this host's.
+        return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _write_holder(fd: int) -> None:
-    """Record who holds an exclusive lock in its file, so that a busy instance can say."""
-    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    record = f"pid={os.getpid()} host={socket.gethostname()} since={since}\n".encode()
-    # Write, then cut: a reader never sees an empty file, only the first line is read.
-    os.pwrite(fd, record, 0)
-    os.ftruncate(fd, len(record))
+def _recorded_holder(path: str, pid: int | None) -> Holder | None:
+    """The record in the lock file, if it is that of ``pid`` (any pid when ``None``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, closefd=True) as lock_file:
+        text = lock_file.readline()
+    fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+    if not fields.get("pid", "").isdigit() or pid not in (None, int(fields["pid"])):
+        return None
+    since = None
+    with contextlib.suppress(KeyError, ValueError):
+        since = datetime.datetime.fromisoformat(fields["since"])
+    return Holder(int(fields["pid"]), "pid", host=fields.get("host"), since=since)
 
 
 def _kernel_flocks() -> list[tuple[int, int, bool, bool]] | None:

@@ -4,9 +4,9 @@ from django.db import migrations
 
 
 def use_exact_collation(apps, schema_editor):
-    from advisory_lock.backends import get_backend
+    from advisory_lock.backends import inspector_for
 
-    collation = get_backend(schema_editor.connection).exact_collation()
+    collation = inspector_for(schema_editor.connection).exact_collation()
     if collation is None:
         return
     job_run = apps.get_model("advisory_lock", "JobRun")

@@ -8,19 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import DEFAULT_DB_ALIAS
 
-from advisory_lock.inspect import held_locks
+from advisory_lock.inspection import held_locks
+from advisory_lock.tables import format_table
 
-COLUMNS = [
-    ("name", "name"),
-    ("key", "key_text"),
-    ("mode", "mode"),
-    ("state", "granted"),
-    ("holder", "holder_id"),
-    ("user", "user"),
-    ("application", "application_name"),
-    ("client", "client_addr"),
-    ("held/waited", "duration"),
-]
+HEADER = ["name", "key", "mode", "state", "holder", "user", "application", "client", "held/waited"]
 
 
 class Command(BaseCommand):
@@ -44,20 +35,23 @@ class Command(BaseCommand):
         self.stdout.write(f"Advisory locks on database {locks.using!r} (from {locks.source}):")
         if locks.note:
             self.stdout.write(locks.note)
-        rows = [[heading for heading, _ in COLUMNS]]
+        rows = []
         for lock in locks:
             seconds = lock.held_for if lock.granted else lock.waited_for
-            values = {
-                "granted": "held" if lock.granted else "waiting",
-                "holder_id": lock.holder_id,
-                "duration": "" if seconds is None else f"{seconds:.0f}s",
-            }
             rows.append(
-                [str(values.get(attr, getattr(lock, attr, "")) or "") for _, attr in COLUMNS]
+                [
+                    lock.name,
+                    lock.key_text,
+                    lock.mode,
+                    "held" if lock.granted else "waiting",
+                    lock.holder_id,
+                    lock.user,
+                    lock.application_name,
+                    lock.client_addr or lock.host,
+                    None if seconds is None else f"{seconds:.0f}s",
+                ]
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-        for row in rows:
-            cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-            self.stdout.write("  ".join(cells).rstrip())
+        for line in format_table(HEADER, rows):
+            self.stdout.write(line)
         if not locks:
             self.stdout.write("(none)")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime
-from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -12,21 +10,8 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock.models import JobRun
-
-
-def _whole_number(maximum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of ASCII digits from 1 to ``maximum``."""
-
-    def parse(text: str) -> int:
-        if not (text.isascii() and text.isdigit()):  # int() reads any script's digits
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number.")
-        value = int(text)
-        if not 1 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to {maximum}.")
-        return value
-
-    return parse
-
+from advisory_lock.tables import format_table
+from advisory_lock.validation import whole_number_argument
 
 MAX_LIMIT = 2**31 - 1
 MAX_DAYS = 36_500  # a century: the cutoff stays a valid date
@@ -41,7 +26,7 @@ class Command(BaseCommand):
             "--status", choices=JobRun.Status.values, help="Only runs with this status."
         )
         parser.add_argument(
-            "--limit", type=_whole_number(MAX_LIMIT), default=20, help="Rows (default 20)."
+            "--limit", type=whole_number_argument(MAX_LIMIT), default=20, help="Rows (default 20)."
         )
         parser.add_argument(
             "--mark-abandoned",
@@ -53,7 +38,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--older-than",
-            type=_whole_number(MAX_DAYS),
+            type=whole_number_argument(MAX_DAYS),
             metavar="DAYS",
             help="With --prune: age in days.",
         )
@@ -97,13 +82,8 @@ class Command(BaseCommand):
             for run in runs.order_by("-started_at")[: options["limit"]]
         ]
         header = ("job", "period", "status", "started (UTC)", "duration", "host", "pid", "try")
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        for row in [header, *rows]:
-            self.stdout.write(
-                "  ".join(
-                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
-                ).rstrip()
-            )
+        for line in format_table(header, rows):
+            self.stdout.write(line)
         if not rows:
             self.stdout.write("(no runs)")
 

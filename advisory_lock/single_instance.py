@@ -1,17 +1,19 @@
 """``@single_instance`` and ``SingleInstanceMixin``: a management command runs once at a time.
 
-The lock lives on a connection opened for it alone (never Django's shared connection for the
-alias, never a pooled one), held for the whole run, watched by a heartbeat thread, and closed
-at the end. Django's own connections are left alone: the command's queries run as usual.
+The lock lives on a connection opened for it alone (``DedicatedLock``), held for the whole
+run, watched by a heartbeat thread, and closed at the end. Django's own connections are left
+alone: the command's queries run as usual.
+
+A lost lock interrupts a command running in the main thread at once (the watchdog sends it
+SIGINT, and the handler installed for the run raises ``LockLost``). Outside the main thread
+no exception can be delivered into a running thread: the command's code may call
+``self.lock.check()``, and ``LockLost`` is raised when ``handle()`` returns at the latest.
 """
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import inspect
 import logging
-import re
 import signal
 import sys
 import threading
@@ -25,12 +27,15 @@ from django.core.management.base import BaseCommand
 from django.core.management.base import CommandError
 from django.core.management.base import OutputWrapper
 
+from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
-from advisory_lock.locks import DedicatedLock
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_period
+from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_seconds
+from advisory_lock.validation import seconds_argument
 
 logger = logging.getLogger("advisory_lock")
 
@@ -56,17 +61,20 @@ class SingleInstanceMixin:
     lock_using: str | None = None
     #: Seconds between two checks that the lock is still held.
     lock_heartbeat: float = 10
-    #: What a lost lock does: "raise" (LockLost in the main thread), "warn", or a callable.
+    #: What a lost lock does: "raise" (LockLost), "warn", or a callable(message).
     lock_on_lost: OnLost = "raise"
     #: A ledger period ("hourly", "daily", ... or a callable): at most one successful run per
     #: slot, recorded in ``job_runs`` under the command's name. None: no ledger.
     lock_ledger: Period | None = None
 
+    #: The lock of the running command (None before and after the run).
+    lock: DedicatedLock | None = None
+
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
         parser = super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc]
         parser.add_argument(
             "--lock-wait",
-            type=_seconds,
+            type=seconds_argument,
             metavar="SECONDS",
             help=(
                 "Wait up to SECONDS for another instance to finish instead of skipping "
@@ -77,41 +85,45 @@ class SingleInstanceMixin:
 
     def get_lock_key(self, options: dict[str, Any]) -> Key:
         """The lock's key for this run."""
-        # Read statically: a function stored on the class must not become a bound method.
-        key = inspect.getattr_static(self, "lock_key")
-        if isinstance(key, staticmethod | classmethod):
-            key = key.__get__(self, type(self))
+        key = _setting(self, "lock_key")
         if key is None:
-            return f"command:{_command_label(type(self))}"
-        return key(options) if callable(key) else key
+            return f"command:{command_label(type(self))}"
+        return key(options) if callable(key) else key  # type: ignore[no-any-return]
 
     def execute(self, *args: Any, **options: Any) -> Any:
         key = make_key(self.get_lock_key(options))
         wait = options.get("lock_wait")
         wait = self.lock_wait if wait is None else wait
-        label = _command_label(type(self))
+        label = command_label(type(self))
         lock = DedicatedLock(key, using=self.lock_using, label=label)
         if not lock.acquire(wait):
-            return self._skip(lock.busy_message(), options)
-        # The ledger's models can't be imported with the app package (apps not ready then).
-        from advisory_lock.ledger import claim_with_lock
+            message = lock.busy_message()
+            lock.close()
+            return self._skip(message, options)
+        # The ledger needs Django's app registry, which is not ready when this module loads.
+        from advisory_lock.ledger import claim_under_lock
         from advisory_lock.ledger import describe_taken
-        from advisory_lock.models import JobRun
+        from advisory_lock.ledger import record_end
 
         interrupted: list[int] = []
         previous: dict[int, Any] = {}
         run = None
         error = ""
+        self.lock = lock
         try:
-            if self.lock_ledger is not None:
-                run, taken = claim_with_lock(
-                    label, self.lock_ledger, lock, using=lock.using, retry_failed=True
-                )
+            period = _setting(self, "lock_ledger")
+            if period is not None:
+                run, taken = claim_under_lock(label, period, lock)
                 if run is None:
                     return self._skip(f"{label}: skipped, {describe_taken(taken)}.", options)
-            lock.watch(self.lock_heartbeat, self._lost_handler(lock))
-            previous = _install_signal_handlers(lock, interrupted)
-            return super().execute(*args, **options)  # type: ignore[misc]
+            in_main_thread = threading.current_thread() is threading.main_thread()
+            lock.watch(self.lock_heartbeat, self._lost_handler(lock, in_main_thread))
+            if in_main_thread:
+                previous = _install_signal_handlers(lock, interrupted)
+            result = super().execute(*args, **options)  # type: ignore[misc]
+            if _setting(self, "lock_on_lost") == "raise":
+                lock.check()  # a loss the body could not be interrupted for (not main thread)
+            return result
         except BaseException as exc:
             error = traceback.format_exc()
             if isinstance(exc, LockLost) and getattr(self, "_called_from_command_line", False):
@@ -122,12 +134,17 @@ class SingleInstanceMixin:
                 )
             raise
         finally:
+            # The watchdog first: while it runs it may still signal, and our handler must
+            # be the one to catch that.
+            lock.stop_watching()
             _restore_signal_handlers(previous)
+            self.lock = None
             try:
                 if run is not None:
-                    _record_end(JobRun, run, lock, error, self.lock_heartbeat)
+                    record_end(run, lock, error, self.lock_heartbeat)
             finally:
-                lock.release()
+                # A loss already reported to on_lost="warn" or a callable is not raised again.
+                _release(lock, raising=not error and _setting(self, "lock_on_lost") == "raise")
 
     def _skip(self, message: str, options: dict[str, Any]) -> None:
         """Say why the command did not run, then exit with the busy status."""
@@ -138,9 +155,8 @@ class SingleInstanceMixin:
             return
         raise CommandError(message, returncode=self.lock_busy_exit_code)
 
-    def _lost_handler(self, lock: DedicatedLock) -> Callable[[], None]:
-        on_lost = self.lock_on_lost
-        main = threading.get_ident()
+    def _lost_handler(self, lock: DedicatedLock, in_main_thread: bool) -> Callable[[], None]:
+        on_lost = _setting(self, "lock_on_lost")
 
         def lost() -> None:
             message = lock.lost_message()
@@ -150,29 +166,23 @@ class SingleInstanceMixin:
             if callable(on_lost):
                 on_lost(message)
                 return
-            _raise_in_thread(main, lock)
+            if in_main_thread:
+                # A signal wakes the main thread from sleep() and socket waits; the handler
+                # installed for the run raises LockLost. (The watchdog is stopped before the
+                # handler is removed, so this never reaches the host's own handler.)
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         return lost
 
 
-def _record_end(job_run: Any, run: Any, lock: DedicatedLock, error: str, heartbeat: float) -> None:
-    """Record the end of the run. After a failure or a lost lock the database may be down or
-    out of reach: then it is best effort (bounded after a lost lock) and never hides the
-    exception that is propagating (a row left running is marked abandoned by the next claim,
-    since its lock is free)."""
-    rows = job_run.objects.using(lock.using)
-    if not lock.lost and not error:
-        rows.finish(run)  # a success that can't be recorded must not pass silently
-        return
+def _release(lock: DedicatedLock, *, raising: bool) -> None:
+    """Release the run's lock; a loss found now raises unless an error already propagates."""
     try:
-        rows.finish(run, error=error, timeout=max(2 * heartbeat, 1.0) if lock.lost else None)
-    except Exception as exc:
-        logger.error(
-            "%s: could not record the end of run %s (%s); the next run will mark it abandoned.",
-            lock.label,
-            run.pk,
-            exc,
-        )
+        lock.release()
+    except LockLost as lost:
+        if raising:
+            raise
+        logger.error("%s", lost)
 
 
 def single_instance(
@@ -208,26 +218,23 @@ def single_instance(
     return decorate if cls is None else decorate(cls)
 
 
-def _command_label(command_class: type) -> str:
+def _setting(command: Any, name: str) -> Any:
+    """A ``lock_*`` attribute as set on the class: read statically, so that a function set
+    there (a key or period callable) is never bound to the command as a method."""
+    value = inspect.getattr_static(command, name)
+    if isinstance(value, staticmethod):
+        return value.__func__
+    if isinstance(value, classmethod):
+        return value.__get__(None, command if isinstance(command, type) else type(command))
+    return value
+
+
+def command_label(command_class: type) -> str:
+    """``<app_label>.<command name>``: the command's name in messages and in the ledger."""
     module = command_class.__module__
     name = module.rsplit(".", 1)[-1]
     app_config = apps.get_containing_app_config(module)
     return f"{app_config.label}.{name}" if app_config else module
-
-
-_SECONDS = re.compile(r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def _seconds(text: str) -> float:
-    if not _SECONDS.fullmatch(text):  # float() also reads " 1", "1_0" and non-ASCII digits
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
-    return value
 
 
 def _checked_settings(
@@ -235,20 +242,13 @@ def _checked_settings(
 ) -> dict[str, Any]:
     if key is not None and not callable(key):
         make_key(key)
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf"):
-        raise ValueError(f"wait must be a finite number of seconds >= 0, not {wait!r}.")
+    check_seconds("wait", wait)
     if isinstance(busy_exit_code, bool) or not isinstance(busy_exit_code, int):
         raise TypeError(f"busy_exit_code must be an int, not {busy_exit_code!r}.")
     if not 0 <= busy_exit_code <= 255:
         raise ValueError(f"busy_exit_code must be 0 to 255, not {busy_exit_code}.")
-    if using is not None and not isinstance(using, str):
-        raise TypeError(f"using must be a database alias (str) or None, not {using!r}.")
-    if (
-        isinstance(heartbeat, bool)
-        or not isinstance(heartbeat, int | float)
-        or not 0 < heartbeat < float("inf")
-    ):
-        raise ValueError(f"heartbeat must be a finite number of seconds > 0, not {heartbeat!r}.")
+    check_alias(using)
+    check_seconds("heartbeat", heartbeat, allow_zero=False)
     if on_lost not in ("raise", "warn") and not callable(on_lost):
         raise ValueError(f"on_lost must be 'raise', 'warn' or a callable, not {on_lost!r}.")
     return {
@@ -263,13 +263,11 @@ def _checked_settings(
 
 
 # Signals: SIGTERM and SIGINT stop the command through its finally blocks (so the lock is
-# released); a lost lock reaches a main thread blocked in sleep or I/O as a SIGINT too.
+# released and the run recorded); a lost lock reaches a main thread blocked in sleep() or
+# I/O as a SIGINT, which the handler turns into LockLost.
 
 
 def _install_signal_handlers(lock: DedicatedLock, interrupted: list[int]) -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
     def handler(signum: int, frame: Any) -> None:
         if lock.lost:
             raise LockLost(lock.lost_message())
@@ -284,18 +282,6 @@ def _install_signal_handlers(lock: DedicatedLock, interrupted: list[int]) -> dic
 def _restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-
-
-def _raise_in_thread(thread_id: int, lock: DedicatedLock) -> None:
-    """Raise LockLost in the thread running the command."""
-    if thread_id == threading.main_thread().ident:
-        # A signal wakes the main thread from sleep() and socket waits; our handler raises.
-        signal.pthread_kill(thread_id, signal.SIGINT)
-        return
-    # Elsewhere (call_command in a worker thread) it is raised at the thread's next bytecode.
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(LockLost)
-    )
 
 
 def declared_lock_names() -> list[str]:
@@ -314,9 +300,9 @@ def declared_lock_names() -> list[str]:
                 continue
         if not issubclass(command_class, SingleInstanceMixin):
             continue
-        key = inspect.getattr_static(command_class, "lock_key")
+        key = _setting(command_class, "lock_key")
         if key is None:
-            names.append(f"command:{_command_label(command_class)}")
+            names.append(f"command:{command_label(command_class)}")
         elif isinstance(key, str):
             names.append(key)
     return names

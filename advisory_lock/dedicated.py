@@ -1,0 +1,189 @@
+"""A session lock on a connection of its own, and the watchdog that notices its loss.
+
+Single-instance commands and the ledger hold their lock this way: nothing the caller does to
+Django's connections (closing them, pooling them, a transaction-mode pooler in front of them)
+can drop or leak it, and the lock lives exactly as long as its connection, which the
+database closes when the process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from time import monotonic
+
+from django.db import DatabaseError
+from django.db import connections
+
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
+from advisory_lock.conf import get_setting
+from advisory_lock.exceptions import LockLost
+from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.keys import Key
+from advisory_lock.keys import make_key
+from advisory_lock.validation import check_alias
+
+logger = logging.getLogger("advisory_lock")
+
+
+def direct_alias(alias: str) -> str:
+    """The alias that reaches ``alias``'s database without a pooler (``DIRECT_ALIAS``)."""
+    direct: str = get_setting("DIRECT_ALIAS").get(alias, alias)
+    return direct
+
+
+class DedicatedLock:
+    """A session lock on ``key`` held on a connection opened for it alone.
+
+    ``acquire()`` takes it, ``watch()`` starts the watchdog, ``check()`` raises ``LockLost``
+    once a loss was found, ``release()`` stops the watchdog, releases and closes.
+    """
+
+    def __init__(self, key: Key, *, using: str | None, label: str) -> None:
+        self.key = make_key(key)
+        self.using = direct_alias(check_alias(using))
+        self.label = label
+        shared = connections[self.using]
+        backend_class = type(backend_for(shared))
+        settings_dict = backend_class.dedicated_settings(
+            shared.settings_dict, f"{label} (advisory_lock)"
+        )
+        self.connection = type(shared)(settings_dict, self.using)
+        # The watchdog checks the lock from its own thread, never at the same time as the
+        # owner (the mutex): Django must let both threads use the connection.
+        self.connection.inc_thread_sharing()
+        self.backend = backend_for(self.connection)
+        if problem := self.backend.session_lock_problem():
+            raise NotSupportedError(problem)
+        self.db_key = self.backend.db_key(self.key)
+        self.lost = False
+        self.acquired_at: float | None = None
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._checker: threading.Thread | None = None
+
+    def acquire(self, wait: float) -> bool:
+        """Take the lock, waiting at most ``wait`` seconds (0: try once)."""
+        started = monotonic()
+        with self._mutex:
+            acquired = self.backend.acquire(
+                self.db_key, shared=False, timeout=wait, transaction=False
+            )
+        waited = monotonic() - started
+        if acquired:
+            self.acquired_at = monotonic()
+            logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
+        else:
+            logger.info("%s: lock %s busy after %.3fs.", self.label, self.key.label, waited)
+        return acquired
+
+    def holder_description(self) -> str:
+        """Who holds the lock, for the line that says why this instance skipped."""
+        try:
+            with self._mutex:
+                holder = inspector_for(self.connection).holder(self.db_key)
+        except DatabaseError:
+            holder = None
+        return f" by {holder.describe()}" if holder else ""
+
+    def busy_message(self) -> str:
+        held_by = self.holder_description()
+        return (
+            f"{self.label}: skipped, another instance holds lock {self.key.label} on database "
+            f"{self.using!r}{held_by}."
+        )
+
+    def lost_message(self) -> str:
+        return (
+            f"{self.label}: lock {self.key.label} on database {self.using!r} was lost (its "
+            f"connection was closed or killed): another instance may now run. Stopping."
+        )
+
+    def check(self) -> None:
+        """Raise ``LockLost`` if the watchdog found the lock lost (cheap: no statement)."""
+        if self.lost:
+            raise LockLost(self.lost_message())
+
+    def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
+        """Check every ``heartbeat`` seconds (one statement) that the lock is still held;
+        on a loss, set ``lost`` and call ``on_lost`` (from the watchdog's thread).
+
+        A check that gets no answer within ``heartbeat`` counts as a loss too: on a silent
+        network (a partition, a black-holed route) the statement would wait for ever, and a
+        lock we can't prove we hold must be treated as lost.
+        """
+
+        def run() -> None:
+            while not self._stop.wait(heartbeat):
+                if not self._held_within(heartbeat) and not self._stop.is_set():
+                    self.lost = True
+                    on_lost()
+                    return
+
+        self._watchdog = threading.Thread(
+            target=run, name=f"advisory_lock:{self.label}", daemon=True
+        )
+        self._watchdog.start()
+
+    def _held_within(self, seconds: float) -> bool:
+        """Is the lock still held? False on an error, or on no answer within ``seconds``."""
+        answer: list[bool] = []
+
+        def check() -> None:
+            try:
+                with self._mutex:
+                    answer.append(self.backend.is_held(self.db_key))
+            except Exception:
+                answer.append(False)
+
+        self._checker = threading.Thread(
+            target=check, name=f"advisory_lock:{self.label}:check", daemon=True
+        )
+        self._checker.start()
+        self._checker.join(seconds)
+        return bool(answer and answer[0])
+
+    def stop_watching(self) -> None:
+        """Stop the watchdog and wait for it: after this, ``on_lost`` is never called."""
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+
+    def release(self) -> None:
+        """Stop the watchdog, release the lock (``LockLost`` if it was gone), close."""
+        self.stop_watching()
+        held_for = monotonic() - (self.acquired_at or monotonic())
+        try:
+            if self.lost:
+                raise LockLost(self.lost_message())
+            try:
+                with self._mutex:
+                    released = self.backend.release(self.db_key, shared=False)
+            except DatabaseError as error:
+                raise LockLost(
+                    f"{self.label}: releasing lock {self.key.label} on database {self.using!r} "
+                    f"failed ({error}): it was lost, and another instance may have run."
+                ) from error
+            if not released:
+                raise LockLost(
+                    f"{self.label}: lock {self.key.label} on database {self.using!r} was no "
+                    f"longer held when released: another instance may have run."
+                )
+            logger.info("%s: released lock %s after %.3fs.", self.label, self.key.label, held_for)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the lock's connection, which drops whatever it still holds. A check still
+        waiting on a silent network owns the connection: it goes with the process."""
+        if self._checker is None or not self._checker.is_alive():
+            try:
+                self.connection.close()
+            except DatabaseError:
+                logger.debug(
+                    "%s: closing the lock's connection failed.", self.label, exc_info=True
+                )
+            self.backend.end_session()

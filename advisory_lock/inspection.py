@@ -1,0 +1,153 @@
+"""Who holds which advisory lock: ``held_locks()``, for the admin page and ``advisory_locks``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError
+from django.db import connections
+
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
+from advisory_lock.backends.base import Holder
+from advisory_lock.conf import get_setting
+from advisory_lock.keys import make_key
+from advisory_lock.keys import recent_names
+from advisory_lock.validation import check_alias
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One advisory lock held or awaited, its name if known, and its holder."""
+
+    db_key: Any
+    #: The registered or recently used name that maps to ``db_key``, if any.
+    name: str | None
+    #: ``db_key`` as people read it (SQLite: the file name).
+    key_text: str
+    mode: str
+    granted: bool
+    holder: Holder | None
+    held_for: float | None = None
+    waited_for: float | None = None
+
+    @property
+    def holder_id(self) -> int | None:
+        """The id to terminate: PostgreSQL's pid, MySQL's connection id, SQLite's pid."""
+        return None if self.holder is None else self.holder.id
+
+    @property
+    def pid(self) -> int | None:
+        return self.holder_id if self.holder and self.holder.kind == "pid" else None
+
+    @property
+    def connection_id(self) -> int | None:
+        return self.holder_id if self.holder and self.holder.kind == "connection id" else None
+
+    # What the holder's session shows, for the templates.
+    user = property(lambda self: _holder_field(self, "user"))
+    application_name = property(lambda self: _holder_field(self, "application_name"))
+    client_addr = property(lambda self: _holder_field(self, "client_addr"))
+    host = property(lambda self: _holder_field(self, "host"))
+    backend_start = property(lambda self: _holder_field(self, "since"))
+    state = property(lambda self: _holder_field(self, "state"))
+    query = property(lambda self: _holder_field(self, "query"))
+
+    def as_dict(self) -> dict[str, Any]:
+        document = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name != "holder"
+        }
+        document["holder"] = None if self.holder is None else dataclasses.asdict(self.holder)
+        document["holder_id"] = self.holder_id
+        return document
+
+
+def _holder_field(lock: HeldLock, name: str) -> Any:
+    return None if lock.holder is None else getattr(lock.holder, name)
+
+
+class HeldLocks(list[HeldLock]):
+    """The locks, and where the database got them from (``source``), with a ``note``."""
+
+    def __init__(self, locks: list[HeldLock], *, using: str, source: str, note: str) -> None:
+        super().__init__(locks)
+        self.using, self.source, self.note = using, source, note
+
+
+def held_locks(using: str | None = None) -> HeldLocks:
+    """The advisory locks held and awaited on the database ``using`` (default: "default")."""
+    using = check_alias(using)
+    connection = connections[using]
+    backend = backend_for(connection)
+    names: dict[Any, str] = {}
+    for name, key in known_keys(using).items():
+        with contextlib.suppress(ValueError, TypeError):
+            names.setdefault(backend.db_key(make_key(key)), name)
+    listing = inspector_for(connection).list_locks(names)
+    locks = [
+        HeldLock(
+            db_key=row.db_key,
+            name=names.get(row.db_key),
+            key_text=backend.display_key(row.db_key),
+            mode=row.mode,
+            granted=row.granted,
+            holder=row.holder,
+            held_for=row.held_for,
+            waited_for=row.waited_for,
+        )
+        for row in listing.rows
+    ]
+    return HeldLocks(locks, using=using, source=listing.source, note=listing.note)
+
+
+def find_lock_session(using: str, holder_id: int) -> HeldLock | None:
+    """The lock that ``holder_id`` holds or waits for on ``using`` now, or None: only such a
+    session may be terminated from the admin."""
+    if holder_id <= 0:
+        return None
+    if not inspector_for(connections[using]).is_lock_session(holder_id):
+        return None
+    return next((lock for lock in held_locks(using) if lock.holder_id == holder_id), None)
+
+
+def registered_keys() -> dict[str, Any]:
+    """Names declared up front: ADVISORY_LOCK["NAMES"] and single-instance commands' keys.
+
+    ``NAMES`` is a list of string keys, or a dict of names to keys (a str, an int or an int
+    pair), which names keys that other code takes by number, e.g. ``{"legacy-import": 42}``.
+    """
+    from advisory_lock.single_instance import declared_lock_names
+
+    configured = get_setting("NAMES")
+    keys = dict(configured) if isinstance(configured, dict) else {n: n for n in configured}
+    for name in declared_lock_names():
+        keys.setdefault(name, name)
+    return keys
+
+
+def known_keys(using: str | None = None) -> dict[str, Any]:
+    """Every name this process knows, with its key: the registered ones, the ledger's
+    recent jobs, and names used in this process lately."""
+    keys = registered_keys()
+    with contextlib.suppress(DatabaseError, LookupError):
+        for name in ledger_lock_names(using):
+            keys.setdefault(name, name)
+    for name in recent_names():
+        keys.setdefault(name, name)
+    return keys
+
+
+def ledger_lock_names(using: str | None = None, recent: int = 1000) -> list[str]:
+    """The locks held by the ledger's most recent runs (``run_once`` and commands)."""
+    from advisory_lock.models import JobRun
+
+    runs = JobRun.objects.using(check_alias(using)).order_by("-started_at")[:recent]
+    names = set()
+    for job_name, lock_key in runs.values_list("job_name", "lock_key"):
+        names.add(lock_key or f"job:{job_name}")
+    return sorted(names)

@@ -25,6 +25,7 @@ test:
 	scripts/setup.sh --servers
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --cache-dir $(VENV)/mypy_cache advisory_lock
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 ## Measure lock throughput against the raw drivers (see bench/README section in README.md).

@@ -29,7 +29,8 @@ from advisory_lock.models import JobRun
 
 logger = logging.getLogger("advisory_lock")
 
-STATUS_COLOURS = {
+# Keyed by the status as stored (a str): TextChoices members equal and hash as their values.
+STATUS_COLOURS: dict[str, str] = {
     JobRun.Status.RUNNING: "#1565c0",
     JobRun.Status.SUCCEEDED: "#2e7d32",
     JobRun.Status.FAILED: "#c62828",
@@ -59,7 +60,8 @@ class RecentJobFilter(admin.SimpleListFilter):
 
 
 @admin.register(JobRun)
-class JobRunAdmin(admin.ModelAdmin):
+# ModelAdmin is generic in django-stubs only: Django's class can't be subscripted at run time.
+class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """The audit trail: who ran which job in which slot. Nothing to add or edit."""
 
     list_display = ["job_name", "period", "status_badge", "started_at", "took", "host", "pid"]
@@ -82,7 +84,9 @@ class JobRunAdmin(admin.ModelAdmin):
         "lock_key",
         "traceback",
     ]
-    readonly_fields = fields
+    # Plain names: the stubs type ``fields`` as a list of field groups, which a list of names
+    # is not (list is invariant).
+    readonly_fields = fields  # type: ignore[assignment]
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:

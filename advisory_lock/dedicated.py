@@ -22,6 +22,7 @@ from advisory_lock.conf import get_setting
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import Key
+from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.validation import check_alias
 
@@ -41,7 +42,7 @@ class DedicatedLock:
     once a loss was found, ``release()`` stops the watchdog, releases and closes.
     """
 
-    def __init__(self, key: Key, *, using: str | None, label: str) -> None:
+    def __init__(self, key: Key | LockKey, *, using: str | None, label: str) -> None:
         self.key = make_key(key)
         self.using = direct_alias(check_alias(using))
         self.label = label

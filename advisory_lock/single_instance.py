@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
+from typing import cast
 
 from django.apps import apps
 from django.core.management.base import BaseCommand
@@ -213,7 +214,8 @@ def single_instance(
             "__doc__": command_class.__doc__,
             **settings,
         }
-        return type(command_class.__name__, (SingleInstanceMixin, command_class), attributes)
+        subclass = type(command_class.__name__, (SingleInstanceMixin, command_class), attributes)
+        return cast("C", subclass)  # a subclass of command_class, which type() can't express
 
     return decorate if cls is None else decorate(cls)
 

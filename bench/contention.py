@@ -1,8 +1,14 @@
-"""Contention on one key: N processes loop try-lock → work → unlock; and Redis, uncontended.
+"""Contention on one key: N processes loop lock → work → unlock; and Redis, uncontended.
 
     .venv/bin/python bench/contention.py [--processes 1,2,4,8,16,32] [--seconds 3] [--rounds 3]
     .venv/bin/python bench/contention.py --pin 0       # processes and servers on CPU 0
+    .venv/bin/python bench/contention.py --mode blocking   # each waits for the lock in turn
     .venv/bin/python bench/contention.py --json out.json [--overlay pinned.json]
+
+``--mode try`` (the default) spins on tries; ``--mode blocking`` waits: raw
+``pg_advisory_lock(k)`` / ``GET_LOCK(name, 2**31 - 1)``, the library's
+``with advisory_lock(k, using=...)``, and redis-py's ``Lock(blocking=True)`` (which polls).
+In blocking mode every attempt is an acquisition.
 
 Contended: for each variant and each process count N, N worker processes (forked once, after
 ``django.setup()``, before any connection) loop for ``--seconds`` on ONE key: try the lock
@@ -78,6 +84,7 @@ from django.db import connections  # noqa: E402
 from advisory_lock import AdvisoryLockError  # noqa: E402
 from advisory_lock import advisory_lock  # noqa: E402
 
+BLOCKING = False  # --mode blocking: set before the worker processes are forked
 K = 0x0C0_7E57_0000  # int keys of this benchmark: K + variant number (+ 1000 to warm up)
 MY_RAW_NAME = f"{MY_PARAMS['database']}/bench-contention-raw"
 REDIS_NAME = "bench-contention"
@@ -167,18 +174,24 @@ class Client:
         started = monotonic()
         if self.variant == RAW_PG:
             execute, fetchone, k = self.cursor.execute, self.cursor.fetchone, self.k
+            take = (
+                "SELECT pg_advisory_lock(%s), true"
+                if BLOCKING
+                else "SELECT pg_try_advisory_lock(%s)"
+            )
             while monotonic() < end:
-                execute("SELECT pg_try_advisory_lock(%s)", (k,))
+                execute(take, (k,))
                 c.attempts += 1
-                if fetchone()[0]:
+                if fetchone()[-1]:
                     c.acquired += 1
                     c.overlaps += critical_section(marker, work)
                     execute("SELECT pg_advisory_unlock(%s)", (k,))
                     c.bad_unlocks += not fetchone()[0]
         elif self.variant == RAW_MY:
             execute, fetchone, name = self.cursor.execute, self.cursor.fetchone, self.name
+            take = "SELECT GET_LOCK(%s, 2147483647)" if BLOCKING else "SELECT GET_LOCK(%s, 0)"
             while monotonic() < end:
-                execute("SELECT GET_LOCK(%s, 0)", (name,))
+                execute(take, (name,))
                 c.attempts += 1
                 if fetchone()[0] == 1:
                     c.acquired += 1
@@ -186,10 +199,10 @@ class Client:
                     execute("SELECT RELEASE_LOCK(%s)", (name,))
                     c.bad_unlocks += fetchone()[0] != 1
         elif self.variant in (LIB_PG, LIB_MY):
-            alias, k = self.alias, self.k
+            alias, k, wait = self.alias, self.k, BLOCKING
             while monotonic() < end:
                 try:
-                    with advisory_lock(k, using=alias, wait=False) as handle:
+                    with advisory_lock(k, using=alias, wait=wait) as handle:
                         c.attempts += 1
                         if handle:
                             c.acquired += 1
@@ -202,7 +215,7 @@ class Client:
 
             r, name = self.redis, self.name
             while monotonic() < end:
-                lock = Lock(r, name, blocking=False)
+                lock = Lock(r, name, blocking=BLOCKING)
                 c.attempts += 1
                 if lock.acquire():
                     c.acquired += 1
@@ -561,7 +574,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overlay-label", default=" (other run)")
     parser.add_argument("--quiet-wait", type=float, default=600, help="max s to wait for quiet")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--mode", choices=["try", "blocking"], default="try")
     args = parser.parse_args(argv)
+    global BLOCKING
+    BLOCKING = args.mode == "blocking"
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
         runs = [(" (pinned)" if data["pinned"] else "", data)]
@@ -608,14 +624,16 @@ def main(argv: list[str] | None = None) -> None:
         f"- Django {django.get_version()}; psycopg {dist_version('psycopg')}; mysqlclient "
         f"{dist_version('mysqlclient')}; redis-py {dist_version('redis')}; "
         f"Python {sys.version.split()[0]}",
-        f"- contention: {args.rounds} rounds x {args.seconds:g} s per point, critical section "
+        f"- mode: {args.mode}; contention: {args.rounds} rounds x {args.seconds:g} s per "
+        f"point, critical section "
         f"{args.work_us:g} µs of busy CPU, points in a new random order each round (seed {seed})",
     ]
     print("\n".join(header) + "\n")
     print(uncontended_table(times, args.pairs, args.pair_rounds) + "\n")
     print(contention_tables(points, counts))
+    verb = "lock (waiting)" if BLOCKING else "try"
     title = (
-        f"One key, N processes looping try → {args.work_us:g} µs busy → unlock; "
+        f"One key, N processes looping {verb} → {args.work_us:g} µs busy → unlock; "
         f"{os.cpu_count()} CPUs, {pinning}; medians of {args.rounds} x {args.seconds:g} s"
     )
     data = {
@@ -623,6 +641,7 @@ def main(argv: list[str] | None = None) -> None:
         "revision": revision,
         "counts": counts,
         "pinned": args.pin is not None,
+        "mode": args.mode,
         "points": {f"{v}|{n}": asdict(p) for (v, n), p in points.items()},
         "uncontended": times,
     }

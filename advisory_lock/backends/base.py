@@ -60,6 +60,10 @@ class LockBackend:
         """Release one hold of a session lock; False if this session did not hold it."""
         raise NotImplementedError
 
+    def is_held(self, db_key: Any) -> bool:
+        """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""
+        raise NotImplementedError
+
     def session(self) -> object:
         """What a session lock lives as long as: the driver connection by default (the
         server drops its locks when it closes). A lock whose session changed is lost."""

@@ -15,6 +15,7 @@ import functools
 import math
 import re
 import time
+from typing import TYPE_CHECKING
 from typing import Any
 
 from advisory_lock.backends.base import Holder
@@ -25,6 +26,10 @@ from advisory_lock.backends.base import LockRow
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import shorten
+
+if TYPE_CHECKING:
+    # Imports the driver: for the type checker only.
+    from django.db.backends.mysql.base import DatabaseWrapper
 
 MAX_NAME_LENGTH = 64
 # MariaDB refuses a negative GET_LOCK timeout (warning 1411, NULL) and one of 1e19 seconds
@@ -159,6 +164,8 @@ _PROCESSLIST_SQL = "SELECT ID, USER, HOST, TIME, STATE, INFO FROM information_sc
 
 
 class MySQLInspector(LockInspector):
+    connection: DatabaseWrapper
+
     def holder(self, db_key: Any) -> Holder | None:
         # One statement: the holder's connection id, and what the processlist tells of it.
         with self.connection.cursor() as cursor:
@@ -226,6 +233,7 @@ class MySQLInspector(LockInspector):
             cursor.execute(f"KILL {int(holder_id)}")
 
     def database_now(self) -> datetime.datetime:
+        now: datetime.datetime
         with self.connection.cursor() as cursor:
             cursor.execute("SELECT UTC_TIMESTAMP(6)")
             (now,) = cursor.fetchone()

@@ -14,6 +14,7 @@ import hashlib
 import math
 from typing import Any
 
+from psycopg import Connection
 from psycopg import errors
 from psycopg.pq import TransactionStatus
 
@@ -33,6 +34,7 @@ from advisory_lock.keys import LockKey
 POOLED_ALIASES: set[str] = set()
 
 
+@functools.cache
 def _function(
     *, try_: bool = False, xact: bool = False, shared: bool, unlock: bool = False
 ) -> str:
@@ -60,14 +62,19 @@ def _select(function: str, arguments: str, *, pid: str | None) -> str:
 
 
 @functools.cache
-def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes]:
-    """(name, PREPARE statement) of a session try or unlock. The name is the text's hash, so
-    one name means one statement on any server connection."""
+def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, bytes]:
+    """(name, PREPARE statement, EXECUTE template with a ``%d`` per value) of a session
+    statement. The name is the text's hash: one name means one statement on any server."""
     arguments = "$2, $3" if pair and guarded else "$1, $2" if pair else "$2" if guarded else "$1"
     select = _select(function, arguments, pid="$1" if guarded else "")
     types = ["integer"] * guarded + (["integer", "integer"] if pair else ["bigint"])
     name = f"advisory_lock_{hashlib.sha256(select.encode()).hexdigest()[:16]}"
-    return name.encode(), f"PREPARE {name} ({', '.join(types)}) AS {select}".encode()
+    execute = f"EXECUTE {name}({','.join(['%d'] * len(types))})"
+    return (
+        name.encode(),
+        f"PREPARE {name} ({', '.join(types)}) AS {select}".encode(),
+        execute.encode(),
+    )
 
 
 class PostgreSQLBackend(LockBackend):
@@ -95,21 +102,21 @@ class PostgreSQLBackend(LockBackend):
                 function = _function(try_=timeout == 0, xact=True, shared=shared)
                 row = self._wait(_select(function, _args(keys), pid=None), timeout)
                 return row is not None and row[0] is not False
-            if timeout == 0 or self._outside_transaction():
-                # Try first: an uncontended lock costs one round trip whatever the wait.
-                row = self._session_statement(_function(try_=True, shared=shared), keys)
-                if row[0] is not False or timeout == 0:
-                    return self._held_on_same_server(row)
-            function = _function(shared=shared)
-            row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
+            if timeout == 0 or timeout is None:
+                # One statement, busy or not: a try, or a wait in the server until it is free.
+                row = self._session_statement(_function(try_=timeout == 0, shared=shared), keys)
+            else:
+                self._driver_cursor()  # first: the guard's pid must be the current session's
+                function = _function(shared=shared)
+                row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
         except errors.LockNotAvailable:
             return False  # lock_timeout (ours, or one set on the server) ran out: 55P03
         return row is not None and self._held_on_same_server(row)
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         keys = db_key if type(db_key) is tuple else (db_key,)
-        expected = self._pid
         released, pid = self._session_statement(_function(unlock=True, shared=shared), keys)
+        expected = self._pid
         if not self._same_server(pid):
             raise LockLost(
                 f"The lock was taken on server pid {expected} of {self.describe()}, and the "
@@ -166,12 +173,12 @@ class PostgreSQLBackend(LockBackend):
         """A session try or unlock: prepared outside transactions (parsed and planned once
         per server session, which makes it cheaper than a plain statement); plain inside
         one, where a failed EXECUTE would abort the caller's transaction."""
-        if not self._outside_transaction():
+        raw = self._driver_cursor().connection  # first: what we know must be current
+        if not (raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE):
             return self._run(_select(function, _args(keys), pid=self._guard()).encode())
-        guarded = self._pid is not None
-        name, prepare = _prepared(function, len(keys) == 2, guarded)
-        values = (self._pid, *keys) if guarded else keys
-        execute = b"EXECUTE %s(%s)" % (name, _args(values).encode())
+        pid = self._pid
+        name, prepare, template = _prepared(function, len(keys) == 2, pid is not None)
+        execute = template % (keys if pid is None else (pid, *keys))
         if name in self._prepared:
             try:
                 return self._run(execute)
@@ -262,7 +269,7 @@ class PostgreSQLBackend(LockBackend):
         return self._cursor
 
     def _outside_transaction(self) -> bool:
-        raw = self._driver_cursor().connection
+        raw: Connection[Any] = self._driver_cursor().connection
         return raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
 
     def _guard(self) -> str:
@@ -388,6 +395,7 @@ class PostgreSQLInspector(LockInspector):
             cursor.execute("SELECT pg_terminate_backend(%s)", [holder_id])
 
     def database_now(self) -> datetime.datetime:
+        now: datetime.datetime
         with self.connection.cursor() as cursor:
             cursor.execute("SELECT statement_timestamp()")
             (now,) = cursor.fetchone()

@@ -63,7 +63,7 @@ class SQLiteBackend(LockBackend):
         name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")
         return os.path.join(lock_folder(self.connection), f"{name}.lock")
 
-    def display_key(self, db_key: Any) -> str:
+    def display_key(self, db_key: str) -> str:
         return os.path.basename(db_key)
 
     def session(self) -> object:
@@ -127,7 +127,7 @@ def lock_folder(connection: Any) -> str:
     a folder of this user's in the temp dir), checked to be private to this user."""
     configured = get_setting("LOCK_DIR")
     if configured:
-        folder = os.path.abspath(configured)
+        folder: str = os.path.abspath(configured)
     elif connection.is_in_memory_db():
         folder = os.path.join(tempfile.gettempdir(), f"advisory_lock-{os.geteuid()}")
     else:

@@ -1,9 +1,17 @@
 """Compare job names and periods exactly on MySQL/MariaDB, as on PostgreSQL and SQLite."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.db import migrations
 
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.migrations.state import StateApps
 
-def use_exact_collation(apps, schema_editor):
+
+def use_exact_collation(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     from advisory_lock.backends import inspector_for
 
     collation = inspector_for(schema_editor.connection).exact_collation()

@@ -81,17 +81,17 @@ class DedicatedLock:
             logger.info("%s: lock %s busy after %.3fs.", self.label, self.key.label, waited)
         return acquired
 
-    def holder_description(self) -> str:
-        """Who holds the lock, for the line that says why this instance skipped."""
+    def busy_message(self) -> str:
+        """Why this instance skipped: who holds the lock. Closes the lock's connection (it
+        holds nothing: the lock was busy)."""
         try:
             with self._mutex:
                 holder = inspector_for(self.connection).holder(self.db_key)
         except DatabaseError:
             holder = None
-        return f" by {holder.describe()}" if holder else ""
-
-    def busy_message(self) -> str:
-        held_by = self.holder_description()
+        finally:
+            self.close()
+        held_by = f" by {holder.describe()}" if holder else ""
         return (
             f"{self.label}: skipped, another instance holds lock {self.key.label} on database "
             f"{self.using!r}{held_by}."

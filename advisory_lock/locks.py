@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from time import monotonic
 from typing import Any
+from typing import ClassVar
 from typing import Literal
 from typing import TypeVar
 
@@ -55,25 +56,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class LockHandle:
-    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy."""
+    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy.
 
-    __slots__ = (
-        "_hold",
-        "_lock",
-        "_outer",
-        "acquired",
-        "acquired_at",
-        "connection",
-        "db_key",
-        "scope",
-        "wait_time",
-    )
+    A lock that was taken is a ``SessionHold`` or a ``TransactionHold``, which know how it
+    ends.
+    """
+
+    __slots__ = ("_lock", "_outer", "acquired_at", "connection", "db_key", "scope", "wait_time")
+
+    #: Whether the lock was taken.
+    acquired: ClassVar[bool] = False
 
     def __init__(
         self,
         lock: AdvisoryLock,
         connection: BaseDatabaseWrapper,
-        acquired: bool,
         scope: Literal["session", "transaction"],
         db_key: Any,
         wait_time: float,
@@ -82,7 +79,6 @@ class LockHandle:
         self._lock = lock
         #: The Django connection the lock was taken through (this thread's, for the alias).
         self.connection = connection
-        self.acquired = acquired
         self.scope = scope
         #: What the database locks: an int, an int pair, a lock name or a file path.
         self.db_key = db_key
@@ -90,7 +86,6 @@ class LockHandle:
         self.wait_time = wait_time
         #: ``time.monotonic()`` when the lock was taken; None if it was not.
         self.acquired_at = acquired_at
-        self._hold: SessionHold | TransactionHold | None = None
         self._outer: LockHandle | None = None  # the handle of the block this one is in
 
     def __bool__(self) -> bool:
@@ -117,6 +112,9 @@ class LockHandle:
     @property
     def lock_key(self) -> LockKey:
         return self._lock.lock_key
+
+    def end_of_block(self, exc: BaseException | None) -> None:
+        """The block ends: nothing to release, the lock was not taken."""
 
 
 # The innermost handle of the blocks entered in this context (a thread, or an asyncio task):
@@ -201,7 +199,8 @@ class AdvisoryLock:
     def acquire(self) -> LockHandle:
         """Take the lock on this thread's connection; the handle says whether it was taken.
 
-        ``__enter__`` without the bookkeeping of nested blocks: pair it with ``release()``.
+        ``__enter__`` without the bookkeeping of nested blocks: end the hold with
+        ``release()``.
         """
         connection = connections[self.using]
         locks = connection_locks(connection)
@@ -211,71 +210,71 @@ class AdvisoryLock:
                 f"Shared locks are not supported on {backend.describe()}: MySQL and MariaDB "
                 f"have no shared named locks. Lock {self.lock_key.label} exclusively."
             )
-        if (
-            self._timeout
-            and backend.max_timeout is not None
-            and self._timeout > backend.max_timeout
-        ):
+        if self._timeout and backend.max_timeout and self._timeout > backend.max_timeout:
             raise ValueError(
                 f"timeout={self.timeout!r} is longer than {backend.describe()} can wait: at "
                 f"most {backend.max_timeout} seconds. Pass a shorter timeout, or none to wait "
                 f"for as long as it takes."
             )
-        in_atomic = connection.in_atomic_block
-        if locks.pending and not in_atomic:
-            locks.end_pending()  # transactions ended since (see ConnectionLocks)
-        scope = self._scope(in_atomic)
-        if scope == "session" and (problem := backend.session_lock_problem()):
-            raise NotSupportedError(problem)
-        db_key = backend.db_key(self.lock_key)
-        native = scope == "transaction" and backend.native_transaction_locks
-        started = monotonic()
-        acquired = backend.acquire(
-            db_key, shared=self.shared, timeout=self._timeout, transaction=native
-        )
-        now = monotonic()
-        handle = LockHandle(
-            self, connection, acquired, scope, db_key, now - started, now if acquired else None
-        )
-        if acquired:
-            # Recorded before anything else can fail: from here the hold always ends.
-            if scope == "session":
-                handle._hold = SessionHold(locks, handle)
-            else:
-                handle._hold = TransactionHold(locks, handle, native)
-            send(signals.lock_acquired, self, handle)
-            return handle
-        send(signals.lock_busy, self, handle)
-        if self.wait:
-            waited = (
-                f"gave up after {self.timeout:g}s"
-                if self.timeout is not None
-                else "the server's lock_timeout ran out"
-            )
-            raise LockNotAcquired(
-                f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
-                f"session; {waited}. Retry later, raise timeout=, or pass wait=False to skip "
-                f"the work when the lock is busy."
-            )
-        return handle
-
-    def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
-        """End ``handle``'s hold: release a session lock now (``LockLost`` if it was lost,
-        unless ``exc`` is already propagating: then the loss is logged)."""
-        if handle._hold is not None:
-            hold, handle._hold = handle._hold, None
-            hold.end_of_block(exc)
-
-    def _scope(self, in_atomic: bool) -> Literal["session", "transaction"]:
-        if self.scope == "session" or (self.scope == "auto" and not in_atomic):
-            return "session"
-        if not in_atomic:
+        if connection.in_atomic_block:
+            session = self.scope == "session"
+        elif self.scope == "transaction":
             raise TransactionManagementError(
                 f"advisory_lock({self.lock_key.label}, scope='transaction') must be used inside "
                 f"transaction.atomic(using={self.using!r}). Wrap the block in atomic(), or use "
                 f"scope='session'."
             )
-        return "transaction"
+        else:
+            session = True
+            if locks.pending:
+                locks.end_pending()  # their transactions have ended (see ConnectionLocks)
+        if session and (problem := backend.session_lock_problem()):
+            raise NotSupportedError(problem)
+        db_key = backend.db_key(self.lock_key)
+        native = not session and backend.native_transaction_locks
+        started = monotonic()
+        acquired = backend.acquire(
+            db_key, shared=self.shared, timeout=self._timeout, transaction=native
+        )
+        now = monotonic()
+        handle: LockHandle
+        if not acquired:
+            handle = LockHandle(
+                self,
+                connection,
+                "session" if session else "transaction",
+                db_key,
+                now - started,
+                None,
+            )
+            if signals.lock_busy.receivers:
+                send(signals.lock_busy, self, handle)
+            if self.wait:
+                waited = (
+                    f"gave up after {self.timeout:g}s"
+                    if self.timeout is not None
+                    else "the server's lock_timeout ran out"
+                )
+                raise LockNotAcquired(
+                    f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
+                    f"session; {waited}. Retry later, raise timeout=, or pass wait=False to skip "
+                    f"the work when the lock is busy."
+                )
+            return handle
+        # The hold records itself (and its release) before anything else can fail: from
+        # here on the lock is always released.
+        if session:
+            handle = SessionHold(self, connection, db_key, now - started, now, locks)
+        else:
+            handle = TransactionHold(self, connection, db_key, now - started, now, locks, native)
+        if signals.lock_acquired.receivers:
+            send(signals.lock_acquired, self, handle)
+        return handle
+
+    def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
+        """End ``handle``'s hold: release a session lock now (``LockLost`` if it was lost,
+        unless ``exc`` is already propagating: then the loss is logged)."""
+        handle.end_of_block(exc)
 
 
 def advisory_lock(
@@ -308,62 +307,80 @@ def _unlink_innermost(lock: AdvisoryLock) -> LockHandle:
     return handle
 
 
-class SessionHold:
+class SessionHold(LockHandle):
     """A session lock: released when its block exits, on the session that took it."""
 
-    __slots__ = ("handle", "locks", "session")
+    __slots__ = ("_ended", "_locks", "_session")
+    acquired = True
 
-    def __init__(self, locks: ConnectionLocks, handle: LockHandle) -> None:
-        self.locks = locks
-        self.handle = handle
-        self.session = locks.backend.session()
-        locks.add_session_hold(self)
+    def __init__(
+        self,
+        lock: AdvisoryLock,
+        connection: BaseDatabaseWrapper,
+        db_key: Any,
+        wait_time: float,
+        acquired_at: float,
+        locks: ConnectionLocks,
+    ) -> None:
+        super().__init__(lock, connection, "session", db_key, wait_time, acquired_at)
+        self._locks = locks
+        self._session = locks.backend.session()  # the lock lives as long as it
+        self._ended = False
+        locks.session_holds.append(self)
 
     def end_of_block(self, exc: BaseException | None) -> None:
-        locks, handle = self.locks, self.handle
+        if self._ended:
+            return  # the request-end safety net released it already
+        self._ended = True
+        locks = self._locks
         backend = locks.backend
-        locks.remove_session_hold(self)
-        if backend.session() is not self.session:
+        locks.forget(self)
+        if backend.session() is not self._session:
             # The database dropped the lock when the session closed: the block did not run
             # under it to the end.
-            return _lost(
-                handle,
-                exc,
-                f"Lock {handle.lock_key.label} on database {handle.using!r} was lost during "
-                f"the block: the connection holding it was closed.",
+            return self._lost(
+                exc, "was lost during the block: the connection holding it was closed."
             )
-        if backend.transaction_aborted():
+        if self.connection.in_atomic_block and backend.transaction_aborted():
             # PostgreSQL refuses every statement until the rollback: release after it.
-            locks.defer(handle)
+            locks.defer(self)
             return None
         try:
-            released = backend.release(handle.db_key, shared=handle.shared)
+            released = backend.release(self.db_key, shared=self._lock.shared)
         except LockLost as error:
-            return _lost(handle, exc, str(error))
+            return self._lost(exc, str(error))
         except DatabaseError as error:
             # Close the connection, which releases the lock, so that nobody reuses a
             # connection whose locks are in an unknown state.
             locks.discard_session()
-            return _lost(
-                handle,
+            return self._lost(
                 exc,
-                f"Releasing lock {handle.lock_key.label} on database {handle.using!r} failed "
-                f"({error}); the connection was closed, which releases it.",
+                f"could not be released ({error}); the connection was closed, which releases it.",
                 error,
             )
         if not released:
-            return _lost(
-                handle,
+            return self._lost(
                 exc,
-                f"Lock {handle.lock_key.label} on database {handle.using!r} was not held by "
-                f"this connection when released: it was lost during the block (connection "
-                f"reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
+                "was not held by this connection when released: it was lost during the block "
+                "(connection reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
             )
-        send(signals.lock_released, handle._lock, handle)
+        if signals.lock_released.receivers:
+            send(signals.lock_released, self._lock, self)
         return None
 
+    def _lost(
+        self, exc: BaseException | None, what: str, cause: BaseException | None = None
+    ) -> None:
+        """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
+        message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
+        send(signals.lock_lost, self._lock, self)
+        if exc is not None:
+            logger.error(message)
+            return
+        raise LockLost(message) from cause
 
-class TransactionHold:
+
+class TransactionHold(LockHandle):
     """A lock held until the transaction it was taken in ends.
 
     PostgreSQL releases it itself (``native``). MySQL and SQLite have no such locks: the
@@ -375,21 +392,25 @@ class TransactionHold:
     """
 
     __slots__ = ()
+    acquired = True
 
-    def __init__(self, locks: ConnectionLocks, handle: LockHandle, native: bool) -> None:
-        if native:
-            if signals.lock_released.receivers:
-                sender = handle._lock
-                transaction.on_commit(
-                    lambda: send(signals.lock_released, sender, handle),
-                    using=handle.using,
-                    robust=True,
-                )
-        else:
-            locks.defer(handle)
-
-    def end_of_block(self, exc: BaseException | None) -> None:
-        """Nothing: the transaction ends the hold."""
+    def __init__(
+        self,
+        lock: AdvisoryLock,
+        connection: BaseDatabaseWrapper,
+        db_key: Any,
+        wait_time: float,
+        acquired_at: float,
+        locks: ConnectionLocks,
+        native: bool,
+    ) -> None:
+        super().__init__(lock, connection, "transaction", db_key, wait_time, acquired_at)
+        if not native:
+            locks.defer(self)
+        elif signals.lock_released.receivers:
+            transaction.on_commit(
+                lambda: send(signals.lock_released, lock, self), using=lock.using, robust=True
+            )
 
 
 class ConnectionLocks:
@@ -401,17 +422,15 @@ class ConnectionLocks:
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         # Weakly: this object lives as long as the connection (see connection_locks()).
-        self.connection = weakref.proxy(connection)
+        self.connection: BaseDatabaseWrapper = weakref.proxy(connection)
         self.backend: LockBackend = backend_for(connection)
+        #: Session holds whose block has not ended, oldest first.
         self.session_holds: list[SessionHold] = []
         #: Holds to release when their transaction has ended.
         self.pending: list[LockHandle] = []
 
-    def add_session_hold(self, hold: SessionHold) -> None:
-        self.session_holds.append(hold)
-
-    def remove_session_hold(self, hold: SessionHold) -> None:
-        # The block that ends is nearly always the last one that began.
+    def forget(self, hold: SessionHold) -> None:
+        """``hold``'s block ended (nearly always the last one that began)."""
         holds = self.session_holds
         if holds and holds[-1] is hold:
             holds.pop()
@@ -430,7 +449,7 @@ class ConnectionLocks:
         self.end_pending(late=False)
 
     def end_pending(self, *, late: bool = True) -> None:
-        """Release the pending holds (their transaction has ended).
+        """Release the pending holds: their transaction has ended.
 
         ``late``: the on_commit callback did not run (the transaction rolled back, or an
         earlier on_commit callback raised and Django ran no later one): say so.
@@ -445,22 +464,19 @@ class ConnectionLocks:
                     handle.lock_key.label,
                     handle.using,
                 )
-            self._release_pending(handle)
-
-    def _release_pending(self, handle: LockHandle) -> None:
-        try:
-            released = self.backend.release(handle.db_key, shared=handle.shared)
-        except (DatabaseError, LockLost):
-            logger.exception(
-                "Releasing lock %s on database %r failed; closing the connection, which "
-                "releases it.",
-                handle.lock_key.label,
-                handle.using,
-            )
-            self.discard_session()
-            return
-        if released:
-            send(signals.lock_released, handle._lock, handle)
+            try:
+                released = self.backend.release(handle.db_key, shared=handle.shared)
+            except (DatabaseError, LockLost):
+                logger.exception(
+                    "Releasing lock %s on database %r failed; closing the connection, which "
+                    "releases it.",
+                    handle.lock_key.label,
+                    handle.using,
+                )
+                self.discard_session()
+                return
+            if released and signals.lock_released.receivers:
+                send(signals.lock_released, handle._lock, handle)
 
     def release_leftovers(self) -> None:
         """The end of a request: release what the request's code left held."""
@@ -473,18 +489,17 @@ class ConnectionLocks:
             "A request ended holding %d session lock(s) on database %r (%s); releasing them.",
             len(holds),
             self.connection.alias,
-            ", ".join(hold.handle.lock_key.label for hold in holds[:5]),
+            ", ".join(hold.lock_key.label for hold in holds[:5]),
         )
-        session = self.backend.session()
         for hold in reversed(holds):
-            hold.handle._hold = None  # its block can no longer release it
-            if hold.session is not session:
+            hold._ended = True  # its block can no longer release it
+            if hold._session is not self.backend.session():
                 continue  # its session closed, and the database dropped the lock with it
-            if self.backend.transaction_aborted():
-                self.defer(hold.handle)
+            if self.connection.in_atomic_block and self.backend.transaction_aborted():
+                self.defer(hold)
                 continue
             try:
-                self.backend.release(hold.handle.db_key, shared=hold.handle.shared)
+                self.backend.release(hold.db_key, shared=hold.shared)
             except (DatabaseError, LockLost):
                 self.discard_session()
                 return
@@ -517,11 +532,10 @@ _connection_locks: weakref.WeakKeyDictionary[BaseDatabaseWrapper, ConnectionLock
 
 def connection_locks(connection: BaseDatabaseWrapper) -> ConnectionLocks:
     """The locks held through ``connection`` (made on first use)."""
-    try:
-        return _connection_locks[connection]
-    except KeyError:
+    locks = _connection_locks.get(connection)
+    if locks is None:
         locks = _connection_locks[connection] = ConnectionLocks(connection)
-        return locks
+    return locks
 
 
 def release_leftovers(**kwargs: Any) -> None:
@@ -541,17 +555,6 @@ def connection_reopened(*, connection: BaseDatabaseWrapper, **kwargs: Any) -> No
     locks = _connection_locks.get(connection)
     if locks is not None:
         locks.reopened()
-
-
-def _lost(
-    handle: LockHandle, exc: BaseException | None, message: str, cause: BaseException | None = None
-) -> None:
-    """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
-    send(signals.lock_lost, handle._lock, handle)
-    if exc is not None:
-        logger.error(message)
-        return
-    raise LockLost(message) from cause
 
 
 def send(signal: Signal, sender: object, handle: LockHandle) -> None:

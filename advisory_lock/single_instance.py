@@ -98,9 +98,7 @@ class SingleInstanceMixin:
         label = command_label(type(self))
         lock = DedicatedLock(key, using=self.lock_using, label=label)
         if not lock.acquire(wait):
-            message = lock.busy_message()
-            lock.close()
-            return self._skip(message, options)
+            return self._skip(lock.busy_message(), options)
         # The ledger needs Django's app registry, which is not ready when this module loads.
         from advisory_lock.ledger import claim_under_lock
         from advisory_lock.ledger import describe_taken

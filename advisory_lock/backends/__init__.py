@@ -4,8 +4,6 @@ and a line to ``BACKENDS``."""
 
 from __future__ import annotations
 
-import weakref
-
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.module_loading import import_string
 
@@ -20,13 +18,6 @@ BACKENDS: dict[str, str] = {
     "sqlite": "advisory_lock.backends.sqlite.SQLite",
 }
 
-# One lock backend per Django connection object, for as long as that object lives: Django
-# makes one per alias and thread (and async context), so the backend's state is never shared
-# between threads, and it goes when Django drops the connection object.
-_backends: weakref.WeakKeyDictionary[BaseDatabaseWrapper, LockBackend] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def backend_class(connection: BaseDatabaseWrapper) -> type[LockBackend]:
     """The ``LockBackend`` class for ``connection``'s database; NotSupportedError if none."""
@@ -34,12 +25,9 @@ def backend_class(connection: BaseDatabaseWrapper) -> type[LockBackend]:
 
 
 def backend_for(connection: BaseDatabaseWrapper) -> LockBackend:
-    """The lock backend of ``connection`` (made on first use)."""
-    try:
-        return _backends[connection]
-    except KeyError:
-        backend = _backends[connection] = backend_class(connection)(connection)
-        return backend
+    """A lock backend for ``connection``. The locks taken through Django's connections use
+    the one that ``locks.connection_locks()`` keeps per connection object."""
+    return backend_class(connection)(connection)
 
 
 def inspector_for(connection: BaseDatabaseWrapper) -> LockInspector:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,8 @@ from advisory_lock.keys import LockKey
 class LockBackend:
     """Takes and releases advisory locks on one Django connection (one alias, one thread).
 
-    One instance per Django connection object (``backends.backend_for``). ``timeout`` is
+    One instance per Django connection object, which it refers to weakly: it is kept in a
+    registry keyed by that object, and goes when Django drops the object. ``timeout`` is
     ``None`` to wait for ever, ``0`` to try once, or a bound in seconds. Statements run on
     the driver connection through the driver's own cursor (Django's wrapper costs as much as
     a round trip) unless Django logs queries or the connection has execute wrappers: then
@@ -38,7 +40,7 @@ class LockBackend:
     max_timeout: ClassVar[float | None] = None
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        self.connection = connection
+        self.connection: BaseDatabaseWrapper = weakref.proxy(connection)
 
     # The locking interface.
 

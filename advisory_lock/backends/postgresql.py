@@ -14,7 +14,6 @@ import hashlib
 import math
 from typing import Any
 
-from psycopg import Connection
 from psycopg import errors
 from psycopg.pq import TransactionStatus
 
@@ -173,8 +172,8 @@ class PostgreSQLBackend(LockBackend):
         """A session try or unlock: prepared outside transactions (parsed and planned once
         per server session, which makes it cheaper than a plain statement); plain inside
         one, where a failed EXECUTE would abort the caller's transaction."""
-        raw = self._driver_cursor().connection  # first: what we know must be current
-        if not (raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE):
+        self._driver_cursor()  # first: what we know of the server session must be current
+        if not self._outside_transaction():
             return self._run(_select(function, _args(keys), pid=self._guard()).encode())
         pid = self._pid
         name, prepare, template = _prepared(function, len(keys) == 2, pid is not None)
@@ -269,8 +268,10 @@ class PostgreSQLBackend(LockBackend):
         return self._cursor
 
     def _outside_transaction(self) -> bool:
-        raw: Connection[Any] = self._driver_cursor().connection
-        return raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+        """No transaction is open. Django manages the transactions: outside ``atomic``, on a
+        driver connection in autocommit, there is none (cheaper to read than the driver's
+        transaction status)."""
+        return not self.connection.in_atomic_block and self._driver_cursor().connection.autocommit
 
     def _guard(self) -> str:
         return "" if self._pid is None else str(self._pid)

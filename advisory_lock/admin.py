@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 from django.contrib import admin
 from django.contrib import messages
+from django.core.exceptions import ImproperlyConfigured
 from django.core.exceptions import PermissionDenied
 from django.db import DEFAULT_DB_ALIAS
 from django.db import DatabaseError
 from django.db import connections
-from django.db.models import Q
 from django.http import HttpRequest
 from django.http import HttpResponse
 from django.http import HttpResponseRedirect
@@ -20,11 +21,13 @@ from django.urls import path
 from django.urls import reverse
 from django.utils.html import format_html
 
+from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
 from advisory_lock.inspection import HeldLock
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
+from advisory_lock.keys import LockKey
 from advisory_lock.models import JobRun
 
 logger = logging.getLogger("advisory_lock")
@@ -198,18 +201,16 @@ def _lock_aliases() -> list[str]:
 
 
 def _rows_with_runs(locks: list[HeldLock], using: str) -> list[dict[str, Any]]:
-    """Each lock with the latest JobRun made under it (by lock name, or job:<job_name>)."""
-    names = [lock.name for lock in locks if lock.name]
-    jobs = [name.removeprefix("job:") for name in names if name.startswith("job:")]
-    latest: dict[str, JobRun] = {}
-    if names:
-        runs = JobRun.objects.using(using).filter(Q(lock_key__in=names) | Q(job_name__in=jobs))
-        for run in runs.order_by("-started_at")[:500]:
-            latest.setdefault(run.lock_key or f"job:{run.job_name}", run)
+    """Each lock with the latest run guarded by it (the ledger's rows name their lock)."""
+    backend = backend_for(connections[using])
+    latest: dict[Any, JobRun] = {}
+    for run in JobRun.objects.using(using).exclude(lock_key="").order_by("-started_at")[:500]:
+        with contextlib.suppress(ValueError, TypeError, ImproperlyConfigured):
+            latest.setdefault(backend.db_key(LockKey.from_identity(run.lock_key)), run)
     return [
         {
             "lock": lock,
-            "run": latest.get(lock.name or ""),
+            "run": latest.get(lock.db_key),
             "seconds": lock.held_for if lock.granted else lock.waited_for,
         }
         for lock in locks

@@ -108,6 +108,10 @@ class DedicatedLock:
         if self.lost:
             raise LockLost(self.lost_message())
 
+    def verify(self, timeout: float = 10) -> bool:
+        """Is the lock still held? Asks the database (one statement), within ``timeout``."""
+        return not self.lost and self._held_within(timeout)
+
     def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
         """Check every ``heartbeat`` seconds (one statement) that the lock is still held;
         on a loss, set ``lost`` and call ``on_lost`` (from the watchdog's thread).

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db import connections
 
@@ -14,6 +15,7 @@ from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends.base import Holder
 from advisory_lock.conf import get_setting
+from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.keys import recent_names
 from advisory_lock.validation import check_alias
@@ -131,23 +133,24 @@ def registered_keys() -> dict[str, Any]:
 
 
 def known_keys(using: str | None = None) -> dict[str, Any]:
-    """Every name this process knows, with its key: the registered ones, the ledger's
-    recent jobs, and names used in this process lately."""
+    """Every name this process knows, with its key: the registered ones, the locks of the
+    ledger's recent runs, and names used in this process lately."""
     keys = registered_keys()
     with contextlib.suppress(DatabaseError, LookupError):
-        for name in ledger_lock_names(using):
-            keys.setdefault(name, name)
+        keys.update((name, key) for name, key in ledger_keys(using).items() if name not in keys)
     for name in recent_names():
         keys.setdefault(name, name)
     return keys
 
 
-def ledger_lock_names(using: str | None = None, recent: int = 1000) -> list[str]:
-    """The locks held by the ledger's most recent runs (``run_once`` and commands)."""
+def ledger_keys(using: str | None = None, recent: int = 1000) -> dict[str, LockKey]:
+    """The locks that guard the ledger's most recent runs, by name."""
     from advisory_lock.models import JobRun
 
-    runs = JobRun.objects.using(check_alias(using)).order_by("-started_at")[:recent]
-    names = set()
-    for job_name, lock_key in runs.values_list("job_name", "lock_key"):
-        names.add(lock_key or f"job:{job_name}")
-    return sorted(names)
+    runs = JobRun.objects.using(check_alias(using)).exclude(lock_key="")
+    keys = {}
+    for identity in runs.order_by("-started_at").values_list("lock_key", flat=True)[:recent]:
+        with contextlib.suppress(ValueError, TypeError, ImproperlyConfigured):
+            key = LockKey.from_identity(identity)
+            keys[key.value if isinstance(key.value, str) else identity] = key
+    return keys

@@ -1,10 +1,17 @@
 """The ``job_runs`` ledger: at most one successful run per job and slot, and who ran what.
 
-A run claims its slot by inserting a row (one per job and period); a slot is taken by a
-running or succeeded run, and a failed or abandoned one is claimed again as the next
-attempt. A run holds a lock during its work; a ``running`` row whose lock is free has lost
-its owner and is marked ``abandoned``. Every write is made on a connection of its own, in
-autocommit, so that it commits at once whatever transaction the caller is in.
+Each claim of a slot inserts a row: attempt 1, or the next attempt of a slot whose latest
+attempt failed or was abandoned. The unique (job, slot, attempt) constraint lets only one of
+two racing claimers in; a slot whose latest attempt is running or succeeded is taken. The
+row's id is its fencing token: it grows with every claim.
+
+Every run is guarded by a lock held for its whole duration, named in its row. A ``running``
+row whose lock is free has lost its owner: the next claim, or ``mark_abandoned()``, marks it
+``abandoned``. A run records its end only while its row is still ``running`` (a fenced
+update): a run whose row was taken over meanwhile raises ``LockLost`` and writes nothing.
+
+Every write runs on a connection of its own, in autocommit, so that it commits at once
+whatever transaction the caller is in; locks are taken through the alias's DIRECT_ALIAS.
 """
 
 from __future__ import annotations
@@ -21,10 +28,14 @@ from typing import TypeVar
 
 from django.db import IntegrityError
 from django.db import connections
-from django.db.models import F
+from django.db import router
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.dedicated import DedicatedLock
+from advisory_lock.dedicated import direct_alias
+from advisory_lock.exceptions import LockLost
+from advisory_lock.keys import LockKey
+from advisory_lock.keys import make_key
 from advisory_lock.models import JobRun
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
@@ -32,11 +43,13 @@ from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_flag
+from advisory_lock.validation import check_seconds
 
 logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
-F_ = TypeVar("F_", bound=Callable[..., Any])
+Func = TypeVar("Func", bound=Callable[..., Any])
 MAX_ERROR_LENGTH = 10_000
+Status = JobRun.Status
 
 
 class run_once:
@@ -44,9 +57,9 @@ class run_once:
 
     As a context manager it gives the running ``JobRun``, or ``None`` when the slot is
     already taken or another instance is running the job (the body then returns early). As a
-    decorator a skipped call returns ``None`` without running. A lock ``job:<job_name>`` is
-    held on a connection of its own during the run, which proves a dead owner's row
-    abandoned.
+    decorator a skipped call returns ``None`` without running. The lock ``job:<job_name>``
+    is held on a connection of its own during the run and watched every ``heartbeat``
+    seconds, as for single-instance commands: a lost lock raises ``LockLost``.
     """
 
     def __init__(
@@ -56,52 +69,39 @@ class run_once:
         period: Period = "daily",
         using: str | None = None,
         retry_failed: bool = True,
+        heartbeat: float = 10,
     ) -> None:
         self.job_name = check_job_name(job_name)
         self.period = check_period(period)
         self.using = check_alias(using)
         self.retry_failed = check_flag("retry_failed", retry_failed)
-        self._runs = threading.local()  # each thread's (lock, run) stack: nested or shared use
+        self.heartbeat = check_seconds("heartbeat", heartbeat, allow_zero=False)
+        self._runs = threading.local()  # each thread's stack of runs: nested or shared use
 
     def __enter__(self) -> JobRun | None:
-        stack = self._stack()
-        lock = DedicatedLock(f"job:{self.job_name}", using=self.using, label=self.job_name)
-        if not lock.acquire(0):
-            logger.info("%s: another instance is running it; skipped.", self.job_name)
-            lock.close()
-            stack.append((lock, None))
+        from advisory_lock.single_instance import GuardedRun
+
+        guarded = GuardedRun(
+            f"job:{self.job_name}",
+            using=self.using,
+            label=self.job_name,
+            heartbeat=self.heartbeat,
+            period=self.period,
+            retry_failed=self.retry_failed,
+        )
+        started = guarded.start()
+        self._stack().append(guarded if started else None)
+        if not started:
+            logger.info("%s", guarded.skipped)
             return None
-        try:
-            run, taken = claim_slot(
-                self.using,
-                self.job_name,
-                self.period,
-                self.retry_failed,
-                "job:" + self.job_name,
-                True,
-            )
-        except BaseException:
-            lock.release()
-            raise
-        if run is None:
-            logger.info("%s: %s; skipped.", self.job_name, describe_taken(taken))
-            lock.release()
-        stack.append((lock, run))
-        return run
+        return guarded.run
 
-    def __exit__(self, exc_type: Any, exc_value: Any, tb: Any) -> None:
-        lock, run = self._stack().pop()
-        if run is None:
-            return
-        try:
-            error = (
-                "".join(traceback.format_exception(exc_type, exc_value, tb)) if exc_type else ""
-            )
-            finish(self.using, run, error=error)
-        finally:
-            lock.release()
+    def __exit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
+        guarded = self._stack().pop()
+        if guarded is not None:
+            guarded.end(exc_value)
 
-    def __call__(self, func: F_) -> F_:
+    def __call__(self, func: Func) -> Func:
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
             with self as run:
@@ -111,101 +111,198 @@ class run_once:
 
         return inner  # type: ignore[return-value]
 
-    def _stack(self) -> list[tuple[DedicatedLock, JobRun | None]]:
+    def _stack(self) -> list[Any]:
         try:
-            stack: list[tuple[DedicatedLock, JobRun | None]] = self._runs.stack
+            stack: list[Any] = self._runs.stack
         except AttributeError:
             stack = self._runs.stack = []
         return stack
 
 
-def claim_under_lock(
-    job_name: str, period: Period, lock: DedicatedLock
+def claim(
+    using: str, job_name: str, period: Period, *, retry_failed: bool = True, lock_key: Any = ""
 ) -> tuple[JobRun | None, JobRun | None]:
-    """Claim the slot while holding ``lock`` (a command's): a running row under the same lock
-    is orphaned, since we hold its lock."""
-    key = lock.key.value if isinstance(lock.key.value, str) else ""
-    return claim_slot(lock.using, job_name, period, True, key, True)
-
-
-def describe_taken(taken: JobRun | None) -> str:
-    """Say why a slot can't be claimed: which slot, and who has it."""
-    if taken is None:
-        return "its slot was taken"
-    when = f" at {taken.finished_at:%Y-%m-%d %H:%M:%S%z}" if taken.finished_at else ""
-    if taken.status == JobRun.Status.SUCCEEDED:
-        return f"slot {taken.period} is already done (succeeded{when} on {taken.host})"
-    return f"slot {taken.period} is {taken.status} (attempt {taken.attempt} on {taken.host})"
-
-
-def record_end(run: JobRun, lock: DedicatedLock, error: str, heartbeat: float) -> None:
-    """Record the end of a command's run. After a failure or a lost lock the database may be
-    down or out of reach: then it is best effort (bounded after a lost lock) and never hides
-    the exception that is propagating (a row left running is marked abandoned by the next
-    claim, since its lock is free)."""
-    if not lock.lost and not error:
-        finish(lock.using, run)  # a success that can't be recorded must not pass silently
-        return
-    try:
-        finish(
-            lock.using, run, error=error, timeout=max(2 * heartbeat, 1.0) if lock.lost else None
-        )
-    except Exception as exc:
-        logger.error(
-            "%s: could not record the end of run %s (%s); the next run will mark it abandoned.",
-            lock.label,
-            run.pk,
-            exc,
-        )
-
-
-def claim_slot(
-    using: str,
-    job_name: str,
-    period: Period,
-    retry_failed: bool,
-    lock_key: str = "",
-    lock_held: bool = False,
-) -> tuple[JobRun | None, JobRun | None]:
-    """Claim ``job_name``'s current slot: (the new running run, None), or (None, the run that
-    has the slot). ``lock_key`` names a lock the caller holds for the whole run (``lock_held``:
-    it holds it now): a running row with the same key whose lock is free has lost its owner."""
+    """``JobRun.objects.claim_slot()``: claim under ``lock_key`` (held by the caller), or
+    under ``job:<job_name>`` taken here on a connection of its own and kept by the returned
+    run until ``finish()``. (None, None) when that lock is busy: the job is running."""
     check_job_name(job_name)
     check_period(period)
     check_flag("retry_failed", retry_failed)
-    return on_own_connection(
-        lambda: _claim(using, job_name, period, retry_failed, lock_key, lock_held)
-    )
+    if lock_key:
+        return claim_slot(using, job_name, period, retry_failed, held=make_key(lock_key))
+    lock = DedicatedLock(f"job:{job_name}", using=using, label=job_name)
+    if not lock.acquire(0):
+        lock.close()
+        return None, None
+    try:
+        run, taken = claim_slot(using, job_name, period, retry_failed, held=lock.key)
+    except BaseException:
+        lock.close()
+        raise
+    if run is None:
+        lock.close()
+    else:
+        run.lock = run.claimed_lock = lock
+    return run, taken
+
+
+def claim_slot(
+    using: str, job_name: str, period: Period, retry_failed: bool, *, held: LockKey
+) -> tuple[JobRun | None, JobRun | None]:
+    """Claim ``job_name``'s current slot, guarded by the lock ``held`` (which the caller
+    holds): (the new running run, None), or (None, the slot's latest run when taken)."""
+    return on_own_connection(lambda: _claim(using, job_name, period, retry_failed, held))
+
+
+def _claim(
+    using: str, job_name: str, period: Period, retry_failed: bool, held: LockKey
+) -> tuple[JobRun | None, JobRun | None]:
+    now = inspector_for(connections[using]).database_now()
+    this_slot = slot(period, now)
+    rows = JobRun.objects.using(using)
+    attempts = rows.filter(job_name=job_name, period=this_slot).order_by("-attempt")
+    attempt = 1
+    for _ in range(5):  # a racing claimer may take the attempt we chose: look again
+        try:
+            # One INSERT; the unique (job, slot, attempt) constraint refuses a taken attempt.
+            run = rows.create(
+                job_name=job_name,
+                period=this_slot,
+                attempt=attempt,
+                status=Status.RUNNING,
+                started_at=now,
+                host=socket.gethostname()[:255],
+                pid=os.getpid(),
+                lock_key=held.identity,
+            )
+        except IntegrityError:
+            pass
+        else:
+            return run, None
+        latest = attempts.first()
+        if latest is None:
+            continue  # pruned meanwhile
+        if latest.status == Status.RUNNING:
+            if not _abandon_if_orphaned(using, latest, held):
+                return None, latest
+            latest.status = Status.ABANDONED
+        if latest.status == Status.SUCCEEDED or not retry_failed:
+            return None, latest
+        attempt = latest.attempt + 1
+    return None, attempts.first()
 
 
 def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
     """Record the end of ``run``: succeeded, or failed with the (end of the) traceback.
 
-    ``timeout``: give up (TimeoutError) if the database has not answered by then."""
-    status = JobRun.Status.FAILED if error else JobRun.Status.SUCCEEDED
+    Fenced: only while its row is still ``running``. A run whose row was taken over (marked
+    abandoned because its lock was found free) raises ``LockLost`` and writes nothing.
+    ``timeout``: give up (TimeoutError) if the database has not answered by then. The lock a
+    bare ``claim()`` took for the run is released.
+    """
+    status = Status.FAILED if error else Status.SUCCEEDED
 
-    def record() -> None:
+    def record() -> int:
         now = inspector_for(connections[using]).database_now()
-        JobRun.objects.using(using).filter(pk=run.pk).update(
-            status=status,
-            finished_at=now,
-            duration=now - run.started_at,
-            error=error[-MAX_ERROR_LENGTH:],
+        return (
+            JobRun.objects.using(using)
+            .filter(pk=run.pk, status=Status.RUNNING)
+            .update(
+                status=status,
+                finished_at=now,
+                duration=now - run.started_at,
+                error=error[-MAX_ERROR_LENGTH:],
+            )
         )
+
+    try:
+        recorded = on_own_connection(record, timeout=timeout)
+    finally:
+        if run.claimed_lock is not None:
+            run.claimed_lock.close()  # closing the connection releases the lock
+            run.claimed_lock = None
+    if not recorded:
         run.refresh_from_db(using=using)
+        raise LockLost(
+            f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) was "
+            f"marked {run.status} while it ran: its lock was found free, so another instance "
+            f"may have run the job at the same time, and its work may have overlapped this "
+            f"run's. Nothing was recorded for this run."
+        )
+    run.refresh_from_db(using=using)
 
-    on_own_connection(record, timeout=timeout)
+
+def assert_current(run: JobRun, using: str | None = None) -> None:
+    """Raise ``LockLost`` unless ``run`` is still its slot's running attempt and its lock is
+    still held. Inside ``atomic`` on the ledger's database the row stays locked until the
+    commit (SELECT ... FOR UPDATE), so the check holds for the writes made in the transaction:
+    nobody can take the run over before they are committed."""
+    using = using or router.db_for_write(JobRun, instance=run)
+    rows = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+    if connections[using].in_atomic_block:
+        rows = rows.select_for_update()
+    if not rows.exists():
+        raise LockLost(
+            f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) is no "
+            f"longer its slot's running attempt: another instance took it over."
+        )
+    if run.lock is not None and not run.lock.verify():
+        raise LockLost(run.lock.lost_message())
 
 
-def mark_abandoned(using: str) -> int:
-    """Mark running rows whose owner's lock is free as abandoned; return how many."""
+def mark_abandoned(
+    using: str, *, job_name: str | None = None, period: str | None = None, force: bool = False
+) -> int:
+    """Mark running rows whose lock is free as abandoned; return how many. With ``force``
+    (``job_name`` and ``period`` required), mark that slot's running row abandoned whatever
+    its lock says: for when the operator knows better."""
+    if force and not (job_name and period):
+        raise ValueError("force=True needs the job name and the period of the slot.")
 
     def mark() -> int:
-        running = JobRun.objects.using(using).filter(status=JobRun.Status.RUNNING)
-        orphaned = running.exclude(lock_key="")
-        return sum(_abandon_if_orphaned(using, run, "", False) for run in orphaned)
+        running = JobRun.objects.using(using).filter(status=Status.RUNNING)
+        if job_name:
+            running = running.filter(job_name=job_name)
+        if period:
+            running = running.filter(period=period)
+        if force:
+            return running.update(status=Status.ABANDONED)
+        return sum(_abandon_if_orphaned(using, run, None) for run in running)
 
     return on_own_connection(mark)
+
+
+def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
+    """Mark a running ``run`` abandoned if its lock proves its owner gone; True if marked."""
+    from advisory_lock.locks import advisory_lock
+
+    if not run.lock_key:
+        return False  # a row from before locks were recorded: only --force can end it
+    if held is not None and run.lock_key == held.identity:
+        orphaned = True  # we hold the lock that guards it: its owner can't be running
+    else:
+        key = LockKey.from_identity(run.lock_key)
+        with advisory_lock(key, using=direct_alias(using), wait=False, scope="session") as lock:
+            orphaned = lock.acquired
+    return orphaned and bool(
+        JobRun.objects.using(using)
+        .filter(pk=run.pk, status=Status.RUNNING)
+        .update(status=Status.ABANDONED)
+    )
+
+
+def describe_taken(taken: JobRun | None) -> str:
+    """Say why a slot can't be claimed: which slot, and who has it."""
+    if taken is None:
+        return "another instance is running it"
+    when = f" at {taken.finished_at:%Y-%m-%d %H:%M:%S%z}" if taken.finished_at else ""
+    if taken.status == Status.SUCCEEDED:
+        return f"slot {taken.period} is already done (succeeded{when} on {taken.host})"
+    return f"slot {taken.period} is {taken.status} (attempt {taken.attempt} on {taken.host})"
+
+
+def format_error(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
@@ -233,64 +330,3 @@ def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
         raise outcome["error"]
     value: T = outcome["value"]
     return value
-
-
-def _claim(
-    using: str, job_name: str, period: Period, retry_failed: bool, lock_key: str, lock_held: bool
-) -> tuple[JobRun | None, JobRun | None]:
-    now = inspector_for(connections[using]).database_now()
-    rows = JobRun.objects.using(using)
-    this_slot = slot(period, now)
-    owner = {
-        "started_at": now,
-        "host": socket.gethostname()[:255],
-        "pid": os.getpid(),
-        "lock_key": lock_key,
-    }
-    for _ in range(2):  # twice: the taken row may be pruned between the INSERT and the SELECT
-        try:
-            # One INSERT; the unique (job_name, period) constraint refuses a taken slot.
-            return rows.create(job_name=job_name, period=this_slot, **owner), None
-        except IntegrityError:
-            taken = rows.filter(job_name=job_name, period=this_slot).first()
-        if taken is not None:
-            break
-    else:
-        return None, None
-    if taken.status == JobRun.Status.RUNNING:
-        _abandon_if_orphaned(using, taken, lock_key, lock_held)
-    if retry_failed:
-        reclaimed = rows.filter(
-            pk=taken.pk, status__in=[JobRun.Status.FAILED, JobRun.Status.ABANDONED]
-        ).update(
-            status=JobRun.Status.RUNNING,
-            attempt=F("attempt") + 1,
-            finished_at=None,
-            duration=None,
-            error="",
-            **owner,
-        )
-        if reclaimed:
-            return rows.get(pk=taken.pk), None
-    taken.refresh_from_db(using=using)
-    return None, taken
-
-
-def _abandon_if_orphaned(using: str, run: JobRun, lock_key: str, lock_held: bool) -> bool:
-    """Mark a running ``run`` abandoned if its owner's lock proves the owner is gone."""
-    from advisory_lock.locks import advisory_lock
-
-    if not run.lock_key:
-        return False
-    if lock_held and run.lock_key == lock_key:
-        orphaned = True  # the caller holds the owner's lock: the owner can't be running
-    else:
-        with advisory_lock(run.lock_key, using=using, wait=False, scope="session") as lock:
-            orphaned = lock.acquired
-    if not orphaned:
-        return False
-    return bool(
-        JobRun.objects.using(using)
-        .filter(pk=run.pk, status=JobRun.Status.RUNNING)
-        .update(status=JobRun.Status.ABANDONED)
-    )

@@ -135,7 +135,7 @@ class AdvisoryLock:
 
     def __init__(
         self,
-        key: Key,
+        key: Key | LockKey,
         *,
         using: str | None = None,
         wait: bool = True,
@@ -143,8 +143,9 @@ class AdvisoryLock:
         shared: bool = False,
         scope: Scope = "auto",
     ) -> None:
-        self.key = key
         self.lock_key = make_key(key)
+        #: The key as given (a LockKey, as read back from a ledger row, reads as its value).
+        self.key: Key = key.value if isinstance(key, LockKey) else key
         self.using = check_alias(using)
         self.wait = check_flag("wait", wait)
         self.shared = check_flag("shared", shared)
@@ -278,7 +279,7 @@ class AdvisoryLock:
 
 
 def advisory_lock(
-    key: Key,
+    key: Key | LockKey,
     *,
     using: str | None = None,
     wait: bool = True,

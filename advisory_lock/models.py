@@ -1,14 +1,21 @@
-"""The ``job_runs`` table: one row per job and slot (its logic lives in ``ledger``)."""
+"""The ``job_runs`` table: one row per attempt at a job's slot (its logic lives in ``ledger``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
 
+from advisory_lock.keys import Key
 from advisory_lock.periods import Period
+
+if TYPE_CHECKING:
+    from advisory_lock.dedicated import DedicatedLock
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
-    """The ledger's operations on the rows of one database (``JobRun.objects.using(alias)``)."""
+    """The ledger's operations on the rows of one database (``JobRun.objects.using(alias)``);
+    they live in ``advisory_lock.ledger``."""
 
     def claim(
         self,
@@ -16,15 +23,17 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         period: Period = "daily",
         *,
         retry_failed: bool = True,
-        lock_key: str = "",
+        lock_key: Key | str = "",
     ) -> JobRun | None:
-        """Claim ``job_name``'s current slot: the new running JobRun, or None if it is taken.
+        """Claim ``job_name``'s current slot: the new running JobRun, or None if the slot is
+        taken (by a running or succeeded attempt) or the job is running.
 
-        A slot is taken by a running or succeeded run. A failed or abandoned one is claimed
-        again (``attempt`` + 1) unless ``retry_failed=False``. The claim is written on a
-        connection of its own and commits at once, whatever transaction the caller is in.
-        ``lock_key`` names a lock that the caller holds for the whole run: a running row with
-        the same lock key, whose lock is free (or held by the caller), has lost its owner.
+        A failed or abandoned slot is claimed again as the next attempt, unless
+        ``retry_failed=False``. The claim is written on a connection of its own and commits
+        at once, whatever transaction the caller is in. ``lock_key`` names a lock that the
+        caller holds for the whole run; without it, the claim takes ``job:<job_name>`` on a
+        connection of its own, held by the returned run until ``finish(run)``. Either way
+        the run's row names its lock, so that a dead owner's row can be proven abandoned.
         """
         return self.claim_slot(job_name, period, retry_failed=retry_failed, lock_key=lock_key)[0]
 
@@ -34,28 +43,32 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         period: Period = "daily",
         *,
         retry_failed: bool = True,
-        lock_key: str = "",
+        lock_key: Key | str = "",
     ) -> tuple[JobRun | None, JobRun | None]:
-        """Like ``claim()``, and also return the row that has the slot when refused."""
+        """Like ``claim()``, and also return the slot's latest run when refused."""
         from advisory_lock import ledger
 
-        return ledger.claim_slot(self.db, job_name, period, retry_failed, lock_key)
+        return ledger.claim(
+            self.db, job_name, period, retry_failed=retry_failed, lock_key=lock_key
+        )
 
     def finish(self, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
-        """Record the end of ``run``: succeeded, or failed with the (end of the) traceback."""
+        """Record the end of ``run`` (``LockLost`` if another instance took it over)."""
         from advisory_lock import ledger
 
         ledger.finish(self.db, run, error=error, timeout=timeout)
 
-    def mark_abandoned(self) -> int:
-        """Mark running rows whose owner's lock is free as abandoned; return how many."""
+    def mark_abandoned(
+        self, *, job_name: str | None = None, period: str | None = None, force: bool = False
+    ) -> int:
+        """Mark running rows whose lock is free as abandoned; return how many."""
         from advisory_lock import ledger
 
-        return ledger.mark_abandoned(self.db)
+        return ledger.mark_abandoned(self.db, job_name=job_name, period=period, force=force)
 
 
 class JobRun(models.Model):
-    """One run of a job in one period (slot); unique per (job_name, period)."""
+    """One attempt at a job's slot (period): unique per (job_name, period, attempt)."""
 
     class Status(models.TextChoices):
         RUNNING = "running", "running"
@@ -73,8 +86,9 @@ class JobRun(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=1)
     error = models.TextField(blank=True, help_text="The end of a failed run's traceback.")
-    lock_key = models.CharField(
-        max_length=255, blank=True, help_text="The lock held during the run, if any."
+    lock_key = models.TextField(
+        blank=True,
+        help_text="The lock guarding the run (its key's identity); free means abandoned.",
     )
 
     objects = JobRunQuerySet.as_manager()
@@ -84,7 +98,9 @@ class JobRun(models.Model):
         verbose_name = "job run"
         ordering = ["-started_at"]
         constraints = [
-            models.UniqueConstraint(fields=["job_name", "period"], name="job_runs_job_period_uniq")
+            models.UniqueConstraint(
+                fields=["job_name", "period", "attempt"], name="job_runs_job_period_attempt_uniq"
+            )
         ]
         indexes = [
             models.Index(fields=["-started_at"], name="job_runs_started_idx"),
@@ -95,5 +111,27 @@ class JobRun(models.Model):
             ),
         ]
 
+    #: The lock guarding the run, when it was claimed in this process.
+    lock: DedicatedLock | None = None
+    #: The lock a bare ``claim()`` took for the run, released by ``finish()``.
+    claimed_lock: DedicatedLock | None = None
+
     def __str__(self) -> str:
         return f"{self.job_name} [{self.period}] {self.status}"
+
+    @property
+    def fence(self) -> int:
+        """The run's fencing token: it grows with every claim of a job, retries included.
+
+        A system the job writes to can store the highest fence it has seen and refuse a
+        write with a lower one: a run that lost its lock and was taken over can't
+        overwrite its successor's work.
+        """
+        return int(self.pk)
+
+    def assert_current(self, using: str | None = None) -> None:
+        """Raise ``LockLost`` unless this run is still its slot's running attempt and its
+        lock is still held; inside ``atomic`` the row stays locked until the commit."""
+        from advisory_lock import ledger
+
+        ledger.assert_current(self, using)

@@ -17,8 +17,8 @@ import logging
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 from typing import cast
@@ -37,6 +37,9 @@ from advisory_lock.periods import check_period
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
 from advisory_lock.validation import seconds_argument
+
+if TYPE_CHECKING:
+    from advisory_lock.models import JobRun
 
 logger = logging.getLogger("advisory_lock")
 
@@ -92,58 +95,34 @@ class SingleInstanceMixin:
         return key(options) if callable(key) else key  # type: ignore[no-any-return]
 
     def execute(self, *args: Any, **options: Any) -> Any:
-        key = make_key(self.get_lock_key(options))
         wait = options.get("lock_wait")
-        wait = self.lock_wait if wait is None else wait
-        label = command_label(type(self))
-        lock = DedicatedLock(key, using=self.lock_using, label=label)
-        if not lock.acquire(wait):
-            return self._skip(lock.busy_message(), options)
-        # The ledger needs Django's app registry, which is not ready when this module loads.
-        from advisory_lock.ledger import claim_under_lock
-        from advisory_lock.ledger import describe_taken
-        from advisory_lock.ledger import record_end
-
-        interrupted: list[int] = []
-        previous: dict[int, Any] = {}
-        run = None
-        error = ""
-        self.lock = lock
+        guarded = GuardedRun(
+            self.get_lock_key(options),
+            using=self.lock_using,
+            label=command_label(type(self)),
+            wait=self.lock_wait if wait is None else wait,
+            heartbeat=self.lock_heartbeat,
+            on_lost=_setting(self, "lock_on_lost"),
+            period=_setting(self, "lock_ledger"),
+        )
+        if not guarded.start():
+            return self._skip(guarded.skipped, options)
+        self.lock = guarded.lock
+        from_command_line = getattr(self, "_called_from_command_line", False)
         try:
-            period = _setting(self, "lock_ledger")
-            if period is not None:
-                run, taken = claim_under_lock(label, period, lock)
-                if run is None:
-                    return self._skip(f"{label}: skipped, {describe_taken(taken)}.", options)
-            in_main_thread = threading.current_thread() is threading.main_thread()
-            lock.watch(self.lock_heartbeat, self._lost_handler(lock, in_main_thread))
-            if in_main_thread:
-                previous = _install_signal_handlers(lock, interrupted)
-            result = super().execute(*args, **options)  # type: ignore[misc]
-            if _setting(self, "lock_on_lost") == "raise":
-                lock.check()  # a loss the body could not be interrupted for (not main thread)
-            return result
-        except BaseException as exc:
-            error = traceback.format_exc()
-            if isinstance(exc, LockLost) and getattr(self, "_called_from_command_line", False):
-                raise CommandError(str(exc), returncode=1) from exc
-            if interrupted and not lock.lost:
-                logger.warning(
-                    "%s: interrupted by signal %d; lock released.", label, interrupted[0]
-                )
-            raise
-        finally:
-            # The watchdog first: while it runs it may still signal, and our handler must
-            # be the one to catch that.
-            lock.stop_watching()
-            _restore_signal_handlers(previous)
-            self.lock = None
             try:
-                if run is not None:
-                    record_end(run, lock, error, self.lock_heartbeat)
-            finally:
-                # A loss already reported to on_lost="warn" or a callable is not raised again.
-                _release(lock, raising=not error and _setting(self, "lock_on_lost") == "raise")
+                result = super().execute(*args, **options)  # type: ignore[misc]
+            except BaseException as exc:
+                self.lock = None
+                guarded.end(exc)
+                raise
+            self.lock = None
+            guarded.end(None)
+        except LockLost as lost:
+            if from_command_line:
+                raise CommandError(str(lost), returncode=1) from lost
+            raise
+        return result
 
     def _skip(self, message: str, options: dict[str, Any]) -> None:
         """Say why the command did not run, then exit with the busy status."""
@@ -154,8 +133,141 @@ class SingleInstanceMixin:
             return
         raise CommandError(message, returncode=self.lock_busy_exit_code)
 
-    def _lost_handler(self, lock: DedicatedLock, in_main_thread: bool) -> Callable[[], None]:
-        on_lost = _setting(self, "lock_on_lost")
+
+class GuardedRun:
+    """One run of a job under a lock of its own: the machinery of single-instance commands
+    and ``run_once``.
+
+    ``start()`` takes the lock on a dedicated connection (waiting at most ``wait`` seconds),
+    claims the ledger's slot when there is a ``period``, starts the watchdog and, in the main
+    thread, the signal handlers. ``end(exc)`` runs after the body, in this order: the
+    watchdog stops (so a loss can no longer be signalled), the handlers are restored, the
+    end is recorded in the ledger (fenced), the lock is released.
+
+    A lost lock, with ``on_lost="raise"``, raises ``LockLost``: at once in the main thread (the
+    watchdog interrupts it with SIGINT, which the run's handler turns into ``LockLost``); at
+    ``end()`` elsewhere, or when the body calls ``lock.check()``.
+    """
+
+    def __init__(
+        self,
+        key: Key,
+        *,
+        using: str | None,
+        label: str,
+        wait: float = 0,
+        heartbeat: float = 10,
+        on_lost: OnLost = "raise",
+        period: Period | None = None,
+        retry_failed: bool = True,
+    ) -> None:
+        self.key = make_key(key)
+        self.using = using
+        self.label = label
+        self.wait = wait
+        self.heartbeat = heartbeat
+        self.on_lost = on_lost
+        self.period = period
+        self.retry_failed = retry_failed
+        self.lock: DedicatedLock | None = None
+        self.run: JobRun | None = None
+        #: Why the run did not go ahead (after ``start()`` returned False).
+        self.skipped = ""
+        self._interrupted: list[int] = []
+        self._handlers: dict[int, Any] = {}
+
+    def start(self) -> bool:
+        """Take the lock and claim the slot: True if the run goes ahead."""
+        # The ledger needs Django's app registry, which is not ready when this module loads.
+        from advisory_lock.ledger import claim_slot
+        from advisory_lock.ledger import describe_taken
+
+        lock = DedicatedLock(self.key, using=self.using, label=self.label)
+        if not lock.acquire(self.wait):
+            self.skipped = lock.busy_message()
+            return False
+        if self.period is not None:
+            try:
+                run, taken = claim_slot(
+                    lock.using, self.label, self.period, self.retry_failed, held=lock.key
+                )
+            except BaseException:
+                lock.close()  # closing the connection releases the lock
+                raise
+            if run is None:
+                lock.close()
+                self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."
+                return False
+            run.lock = lock
+            self.run = run
+        self.lock = lock
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        lock.watch(self.heartbeat, self._lost_handler(in_main_thread))
+        if in_main_thread:
+            self._handlers = _install_signal_handlers(lock, self._interrupted)
+        return True
+
+    def end(self, exc: BaseException | None) -> None:
+        """After the body (``exc``: what it raised): record the end, release the lock.
+
+        Raises ``LockLost`` (with ``on_lost="raise"``, and unless ``exc`` propagates) if the
+        lock was lost, or the run's row was taken over meanwhile.
+        """
+        from advisory_lock.ledger import finish
+        from advisory_lock.ledger import format_error
+
+        lock = self.lock
+        assert lock is not None, "end() after a start() that returned False"
+        # The watchdog first: while it runs it may still signal, and the run's handler must
+        # be the one to catch that.
+        lock.stop_watching()
+        _restore_signal_handlers(self._handlers)
+        if exc is not None and self._interrupted and not lock.lost:
+            logger.warning(
+                "%s: interrupted by signal %d; lock released.", self.label, self._interrupted[0]
+            )
+        raising = exc is None and self.on_lost == "raise"
+        problems: list[LockLost] = []
+        recorded = False
+        if self.run is not None:
+            error = format_error(exc) if exc is not None else ""
+            try:
+                # After a lost lock the database may be out of reach: bounded then, so that
+                # a silent network can't hold the process (the row is abandoned later).
+                timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
+                finish(lock.using, self.run, error=error, timeout=timeout)
+                recorded = True
+            except LockLost as taken_over:
+                problems.append(taken_over)
+            except Exception as failure:
+                if exc is None and not lock.lost:
+                    lock.close()
+                    raise  # a success that can't be recorded must not pass silently
+                logger.error(
+                    "%s: could not record the end of run %s (%s); the next run will mark it "
+                    "abandoned.",
+                    self.label,
+                    self.run.pk,
+                    failure,
+                )
+        try:
+            lock.release()
+        except LockLost as lost:
+            if recorded and not lock.lost:
+                # The fenced end was recorded: nobody took the run over, so nobody ran it
+                # meanwhile; the lock went after the work was done.
+                logger.warning("%s (after the run was recorded)", lost)
+            else:
+                problems.append(lost)
+        if problems:
+            if raising:
+                raise problems[0]
+            for problem in problems:
+                logger.error("%s", problem)
+
+    def _lost_handler(self, in_main_thread: bool) -> Callable[[], None]:
+        on_lost, lock = self.on_lost, self.lock
+        assert lock is not None
 
         def lost() -> None:
             message = lock.lost_message()
@@ -167,21 +279,10 @@ class SingleInstanceMixin:
                 return
             if in_main_thread:
                 # A signal wakes the main thread from sleep() and socket waits; the handler
-                # installed for the run raises LockLost. (The watchdog is stopped before the
-                # handler is removed, so this never reaches the host's own handler.)
+                # installed for the run raises LockLost.
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         return lost
-
-
-def _release(lock: DedicatedLock, *, raising: bool) -> None:
-    """Release the run's lock; a loss found now raises unless an error already propagates."""
-    try:
-        lock.release()
-    except LockLost as lost:
-        if raising:
-            raise
-        logger.error("%s", lost)
 
 
 def single_instance(

@@ -119,7 +119,7 @@ def test_the_locks_page_shows_the_holder_and_the_latest_run(client, alias):
         job_name="nightly_report",
         period="2026-11-29",
         started_at=NOW,
-        lock_key="job:nightly_report",
+        lock_key="tests:job:nightly_report",  # the identity of the key "job:nightly_report"
     )
     client.force_login(staff("viewer", "view_jobrun"))
     with held_elsewhere("job:nightly_report", alias):

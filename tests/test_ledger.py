@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from advisory_lock import JobRun
 from advisory_lock import advisory_lock
 from advisory_lock import run_once
+from advisory_lock.keys import make_key
 from advisory_lock.ledger import _claim
 from advisory_lock.periods import slot
 from tests.commands import finish
@@ -37,7 +38,9 @@ def test_claim_takes_a_free_slot_once(ledger):
     run = ledger.claim("report", period="daily")
     assert run is not None and run.status == JobRun.Status.RUNNING and run.attempt == 1
     assert run.period == f"{run.started_at:%Y-%m-%d}"
+    assert run.lock_key == "tests:job:report"  # a bare claim holds job:<name> until finish()
     assert ledger.claim("report", period="daily") is None
+    ledger.finish(run)
 
 
 def test_a_succeeded_slot_is_never_claimed_again(ledger):
@@ -50,36 +53,47 @@ def test_a_succeeded_slot_is_never_claimed_again(ledger):
 
 
 def test_a_failed_slot_is_claimed_again_unless_retry_failed_is_false(ledger):
-    ledger.finish(ledger.claim("report"), error="Traceback...\nRuntimeError: boom")
+    first = ledger.claim("report")
+    ledger.finish(first, error="Traceback...\nRuntimeError: boom")
     assert ledger.claim("report", retry_failed=False) is None
     again = ledger.claim("report")
     assert again.attempt == 2 and again.status == JobRun.Status.RUNNING and again.error == ""
+    # Each attempt is a row of its own; its id, the fence, grows with every claim.
+    assert again.fence > first.fence and ledger.get(pk=first.pk).status == "failed"
+    ledger.finish(again)
 
 
 def test_claim_commits_at_once_even_if_the_callers_transaction_rolls_back(ledger, using):
+    runs = []
     with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
-        assert ledger.claim("in-tx") is not None
+        runs.append(ledger.claim("in-tx"))
         1 / 0  # noqa: B018
     assert ledger.filter(job_name="in-tx").count() == 1
+    ledger.finish(runs[0])
 
 
 def test_a_refused_claim_does_not_poison_the_callers_transaction(ledger, using):
-    ledger.claim("taken")
+    run = ledger.claim("taken")
     with transaction.atomic(using=using):
         assert ledger.claim("taken") is None
         assert ledger.filter(job_name="taken").count() == 1  # the transaction still works
+    ledger.finish(run)
 
 
 def test_the_claim_is_one_insert_and_a_taken_slot_is_refused_by_the_constraint(ledger, using):
     # Run in this thread (claim() runs it on a connection of its own) to see its statements.
     connection = connections[using]
+    held = make_key("job:one-insert")
     with CaptureQueriesContext(connection) as first:
-        run, taken = _claim(using, "one-insert", "daily", False, "", False)
+        run, taken = _claim(using, "one-insert", "daily", False, held)
     assert run is not None and taken is None
     assert [q["sql"].split()[0].upper() for q in first if "job_runs" in q["sql"]] == ["INSERT"]
     # The second INSERT fails on the unique constraint (MySQLdb then reports the previous
     # statement's text to Django's log, so it is not counted here).
-    run, taken = _claim(using, "one-insert", "daily", False, "", False)
+    from tests.test_locks import held_elsewhere
+
+    with held_elsewhere("job:one-insert", using):  # the first run's owner lives
+        run, taken = _claim(using, "one-insert", "daily", False, make_key("job:other"))
     assert run is None and taken.status == JobRun.Status.RUNNING
     assert ledger.filter(job_name="one-insert").count() == 1
 
@@ -125,17 +139,21 @@ def test_an_orphaned_running_row_is_abandoned_and_reclaimed(ledger, using):
         job_name="orphan",
         period=slot("daily", datetime.datetime.now(UTC)),
         started_at=datetime.datetime.now(UTC),
-        lock_key="job:orphan",
+        lock_key="tests:job:orphan",  # the identity of the key "job:orphan"
     )
     with run_once("orphan", using=using) as run:
         assert run is not None and run.attempt == 2
-    assert ledger.get(job_name="orphan").status == JobRun.Status.SUCCEEDED
+    statuses = (
+        ledger.filter(job_name="orphan").order_by("attempt").values_list("status", flat=True)
+    )
+    assert list(statuses) == [JobRun.Status.ABANDONED, JobRun.Status.SUCCEEDED]
 
 
 def test_mark_abandoned_spares_rows_whose_owner_still_holds_the_lock(ledger, using):
     now = datetime.datetime.now(UTC)
-    ledger.create(job_name="dead", period="p", started_at=now, lock_key="job:dead")
-    ledger.create(job_name="alive", period="p", started_at=now, lock_key="job:alive")
+    ledger.create(job_name="dead", period="p", started_at=now, lock_key="tests:job:dead")
+    ledger.create(job_name="alive", period="p", started_at=now, lock_key="tests:job:alive")
+    # A row from before locks were recorded: only --force can end it.
     ledger.create(job_name="unknown", period="p", started_at=now)
     with advisory_lock("job:alive", using=using):
         assert ledger.mark_abandoned() == 1
@@ -238,6 +256,7 @@ def test_slots_come_from_the_database_servers_clock_not_the_hosts(ledger, using)
     finally:
         del options["init_command"]
     assert run.period == f"{ahead:%Y-%m-%d}"
+    ledger.finish(run)
 
 
 # @single_instance(ledger=...): lock and ledger together, across a failover.
@@ -261,8 +280,9 @@ def test_a_killed_ledger_command_is_abandoned_and_the_next_instance_runs(ledger,
     assert ledger.get(job_name="lockapp.ledger_job").status == JobRun.Status.RUNNING
     status, out, err = finish(start(using, "ledger_job"))
     assert status == 0 and "finished" in out, err
-    run = ledger.get(job_name="lockapp.ledger_job")
+    run = ledger.filter(job_name="lockapp.ledger_job").latest("attempt")
     assert run.status == JobRun.Status.SUCCEEDED and run.attempt == 2
+    assert ledger.get(attempt=1).status == JobRun.Status.ABANDONED
 
 
 def test_a_failed_ledger_command_records_the_traceback(ledger, using):

@@ -215,6 +215,7 @@ def test_a_nul_in_a_job_name_works_or_is_refused_before_any_sql(ledger, using, n
         assert not ledger.filter(job_name__startswith="nul:").exists()
     else:
         assert run.job_name == "nul:\x00"
+        ledger.finish(run)
 
 
 @pytest.mark.parametrize(
@@ -245,6 +246,9 @@ def test_job_names_that_differ_only_in_case_accent_or_trailing_space_are_two_job
     ledger, using, pair
 ):
     first, second = pair
-    assert ledger.claim(first) is not None
+    one = ledger.claim(first)
+    assert one is not None
     run = ledger.claim(second)
     assert run is not None and run.job_name == second
+    ledger.finish(one)
+    ledger.finish(run)

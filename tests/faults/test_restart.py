@@ -132,7 +132,7 @@ def test_a_run_killed_by_a_restart_is_run_again_as_attempt_2(using, ledger, tmp_
     assert is_free(KEY, using)
     status, out, second_err = finish(start(using, "ledger_job"))
     assert status == 0 and "finished" in out, second_err
-    run = ledger.get()
+    run = ledger.latest("attempt")  # each attempt is a row of its own
     assert run.status == JobRun.Status.SUCCEEDED and run.attempt == 2, (run.status, run.attempt)
 
     # Last, what the README promises on stderr: "CommandError: ... was lost ...".

@@ -31,7 +31,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--mark-abandoned",
             action="store_true",
-            help="Mark running rows whose owner's lock is free as abandoned.",
+            help=(
+                "Mark running rows whose lock is free as abandoned (with --job and --period: "
+                "only that slot's)."
+            ),
+        )
+        parser.add_argument("--period", help="With --mark-abandoned: only this slot.")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help=(
+                "With --mark-abandoned --job NAME --period SLOT: mark that slot's running row "
+                "abandoned whatever its lock says (when you know its owner is gone)."
+            ),
         )
         parser.add_argument(
             "--prune", action="store_true", help="Delete finished runs (needs --older-than)."
@@ -60,8 +72,14 @@ class Command(BaseCommand):
                 f"Pruned {deleted} finished run(s) older than {options['older_than']} days."
             )
             return
+        if (options["force"] or options["period"]) and not options["mark_abandoned"]:
+            raise CommandError("--force and --period go with --mark-abandoned.")
         if options["mark_abandoned"]:
-            marked = runs.mark_abandoned()
+            if options["force"] and not (options["job"] and options["period"]):
+                raise CommandError("--force needs --job NAME and --period SLOT: one slot.")
+            marked = runs.mark_abandoned(
+                job_name=options["job"], period=options["period"], force=options["force"]
+            )
             self.stdout.write(f"Marked {marked} run(s) abandoned.")
             return
         if options["job"]:

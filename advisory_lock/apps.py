@@ -10,8 +10,8 @@ class AdvisoryLockConfig(AppConfig):
 
     def ready(self) -> None:
         from advisory_lock import checks  # noqa: F401  (registers the system checks)
-        from advisory_lock.locks import connection_reopened
-        from advisory_lock.locks import release_leftovers
+        from advisory_lock.holds import connection_reopened
+        from advisory_lock.holds import release_leftovers
 
         request_finished.connect(release_leftovers, dispatch_uid="advisory_lock.leftovers")
         connection_created.connect(connection_reopened, dispatch_uid="advisory_lock.reopened")

@@ -20,6 +20,8 @@ DEFAULTS: dict[str, Any] = {
     "DIRECT_ALIAS": {},
     # Lock names to show in inspection and check for collisions: a list, or {name: key}.
     "NAMES": [],
+    # LockBusyMiddleware's answer to a view that raised LockNotAcquired.
+    "BUSY_RESPONSE": {"status": 503, "retry_after": 1},
 }
 _cache: dict[str, Any] = {}
 

@@ -16,16 +16,21 @@ whatever transaction the caller is in; locks are taken through the alias's DIREC
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import inspect
 import logging
 import os
 import socket
 import threading
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError
 from django.db import connections
 from django.db import router
@@ -44,6 +49,9 @@ from advisory_lock.periods import slot
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_seconds
+
+if TYPE_CHECKING:
+    from advisory_lock.single_instance import GuardedRun
 
 logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
@@ -76,32 +84,50 @@ class run_once:
         self.using = check_alias(using)
         self.retry_failed = check_flag("retry_failed", retry_failed)
         self.heartbeat = check_seconds("heartbeat", heartbeat, allow_zero=False)
-        self._runs = threading.local()  # each thread's stack of runs: nested or shared use
+        self._stacks: dict[object, list[GuardedRun | None]] = {}
 
     def __enter__(self) -> JobRun | None:
-        from advisory_lock.single_instance import GuardedRun
-
-        guarded = GuardedRun(
-            f"job:{self.job_name}",
-            using=self.using,
-            label=self.job_name,
-            heartbeat=self.heartbeat,
-            period=self.period,
-            retry_failed=self.retry_failed,
-        )
+        guarded = self._guarded()
         started = guarded.start()
-        self._stack().append(guarded if started else None)
+        self._push(guarded if started else None)
         if not started:
             logger.info("%s", guarded.skipped)
             return None
         return guarded.run
 
     def __exit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
-        guarded = self._stack().pop()
+        guarded = self._pop()
         if guarded is not None:
             guarded.end(exc_value)
 
+    async def __aenter__(self) -> JobRun | None:
+        # The lock's connection and the ledger's writes are connections of their own: their
+        # statements may run in any thread, without holding up the thread of the ORM calls.
+        guarded = self._guarded()
+        started = await sync_to_async(guarded.start, thread_sensitive=False)()
+        self._push(guarded if started else None)
+        if not started:
+            logger.info("%s", guarded.skipped)
+            return None
+        return guarded.run
+
+    async def __aexit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
+        guarded = self._pop()
+        if guarded is not None:
+            await sync_to_async(guarded.end, thread_sensitive=False)(exc_value)
+
     def __call__(self, func: Func) -> Func:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                async with self as run:
+                    if run is None:
+                        return None
+                    return await func(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
+
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
             with self as run:
@@ -111,12 +137,38 @@ class run_once:
 
         return inner  # type: ignore[return-value]
 
-    def _stack(self) -> list[Any]:
-        try:
-            stack: list[Any] = self._runs.stack
-        except AttributeError:
-            stack = self._runs.stack = []
-        return stack
+    def _guarded(self) -> GuardedRun:
+        from advisory_lock.single_instance import GuardedRun
+
+        return GuardedRun(
+            f"job:{self.job_name}",
+            using=self.using,
+            label=self.job_name,
+            heartbeat=self.heartbeat,
+            period=self.period,
+            retry_failed=self.retry_failed,
+        )
+
+    # The runs this object is in, innermost last: per asyncio task in async code, else per
+    # thread (one object may be used by several at once).
+
+    def _push(self, guarded: GuardedRun | None) -> None:
+        self._stacks.setdefault(_owner(), []).append(guarded)
+
+    def _pop(self) -> GuardedRun | None:
+        owner = _owner()
+        stack = self._stacks[owner]
+        guarded = stack.pop()
+        if not stack:
+            del self._stacks[owner]
+        return guarded
+
+
+def _owner() -> object:
+    """The asyncio task running this code, else the thread."""
+    with contextlib.suppress(RuntimeError):  # no running event loop: sync code
+        return asyncio.current_task()
+    return threading.get_ident()
 
 
 def claim(

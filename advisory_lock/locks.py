@@ -18,8 +18,8 @@ One ``with advisory_lock(key, using=alias):`` goes like this:
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from time import monotonic
@@ -33,14 +33,15 @@ from django.db import connections
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
-from django.dispatch import Signal
 
 from advisory_lock import signals
-from advisory_lock.backends import backend_for
-from advisory_lock.backends.base import LockBackend
+from advisory_lock.async_locks import async_acquire
+from advisory_lock.async_locks import async_release
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.holds import ConnectionLocks
+from advisory_lock.holds import connection_locks
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
@@ -182,17 +183,32 @@ class AdvisoryLock:
         self.release(handle, exc_value)
 
     def __call__(self, func: F) -> F:
-        """Use as a decorator: take the lock around each call; a busy lock raises."""
+        """Use as a decorator: take the lock around each call (each await, for an ``async
+        def``); a busy lock raises ``LockNotAcquired``."""
+
+        def not_run() -> LockNotAcquired:
+            return LockNotAcquired(
+                f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
+                f"session, so {func.__qualname__}() did not run. Retry later, or pass a "
+                f"timeout= to wait for it."
+            )
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                async with self as handle:
+                    if not handle:
+                        raise not_run()
+                    return await func(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
 
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
             with self as handle:
                 if not handle:
-                    raise LockNotAcquired(
-                        f"Lock {self.lock_key.label} on database {self.using!r} is held by "
-                        f"another session, so {func.__qualname__}() did not run. Retry later, "
-                        f"or pass a timeout= to wait for it."
-                    )
+                    raise not_run()
                 return func(*args, **kwargs)
 
         return inner  # type: ignore[return-value]
@@ -204,7 +220,29 @@ class AdvisoryLock:
         ``release()``.
         """
         connection = connections[self.using]
-        locks = connection_locks(connection)
+        handle = self._take(connection, connection_locks(connection), self._timeout)
+        if not handle.acquired:
+            self._busy(handle)
+        return handle
+
+    def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
+        """End ``handle``'s hold: release a session lock now (``LockLost`` if it was lost,
+        unless ``exc`` is already propagating: then the loss is logged)."""
+        handle.end_of_block(exc)
+
+    def _take(
+        self,
+        connection: BaseDatabaseWrapper,
+        locks: ConnectionLocks,
+        timeout: float | None,
+        task: object = None,
+    ) -> LockHandle:
+        """One attempt: the backend waits at most ``timeout`` (None: for ever, 0: tries).
+
+        ``task`` (async code): the asyncio task taking it. Tasks of one event loop may share
+        a connection, whose session would grant each of them a lock another holds: a lock
+        that another task holds through this connection is busy for this one.
+        """
         backend = locks.backend
         if self.shared and not backend.supports_shared:
             raise NotSupportedError(
@@ -234,48 +272,60 @@ class AdvisoryLock:
         db_key = backend.db_key(self.lock_key)
         native = not session and backend.native_transaction_locks
         started = monotonic()
-        acquired = backend.acquire(
-            db_key, shared=self.shared, timeout=self._timeout, transaction=native
-        )
-        now = monotonic()
-        handle: LockHandle
-        if not acquired:
-            handle = LockHandle(
-                self,
-                connection,
-                "session" if session else "transaction",
-                db_key,
-                now - started,
-                None,
+        if task is not None and locks.held_by_another_task(db_key, task, self.shared):
+            acquired = False
+        else:
+            acquired = backend.acquire(
+                db_key, shared=self.shared, timeout=timeout, transaction=native
             )
-            if signals.lock_busy.receivers:
-                send(signals.lock_busy, self, handle)
-            if self.wait:
-                waited = (
-                    f"gave up after {self.timeout:g}s"
-                    if self.timeout is not None
-                    else "the server's lock_timeout ran out"
-                )
-                raise LockNotAcquired(
-                    f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
-                    f"session; {waited}. Retry later, raise timeout=, or pass wait=False to skip "
-                    f"the work when the lock is busy."
-                )
-            return handle
+        now = monotonic()
+        if not acquired:
+            scope: Literal["session", "transaction"] = "session" if session else "transaction"
+            return LockHandle(self, connection, scope, db_key, now - started, None)
         # The hold records itself (and its release) before anything else can fail: from
         # here on the lock is always released.
+        handle: LockHandle
         if session:
-            handle = SessionHold(self, connection, db_key, now - started, now, locks)
+            handle = SessionHold(self, connection, db_key, now - started, now, locks, task)
         else:
             handle = TransactionHold(self, connection, db_key, now - started, now, locks, native)
         if signals.lock_acquired.receivers:
-            send(signals.lock_acquired, self, handle)
+            signals.send(signals.lock_acquired, self, handle)
         return handle
 
-    def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
-        """End ``handle``'s hold: release a session lock now (``LockLost`` if it was lost,
-        unless ``exc`` is already propagating: then the loss is logged)."""
-        handle.end_of_block(exc)
+    def _busy(self, handle: LockHandle) -> None:
+        """The lock was not taken: tell ``lock_busy``'s receivers, and raise if it had to be."""
+        if signals.lock_busy.receivers:
+            signals.send(signals.lock_busy, self, handle)
+        if self.wait:
+            waited = (
+                f"gave up after {self.timeout:g}s"
+                if self.timeout is not None
+                else "the server's lock_timeout ran out"
+            )
+            raise LockNotAcquired(
+                f"Lock {self.lock_key.label} on database {self.using!r} is held by another "
+                f"session; {waited}. Retry later, raise timeout=, or pass wait=False to skip "
+                f"the work when the lock is busy."
+            )
+
+    # Async code: ``async with advisory_lock(...)`` and ``@advisory_lock(...)`` on ``async def``.
+
+    async def __aenter__(self) -> LockHandle:
+        handle = await async_acquire(self)
+        handle._outer = _innermost.get()
+        _innermost.set(handle)
+        return handle
+
+    async def __aexit__(
+        self, exc_type: Any, exc_value: BaseException | None, traceback: Any
+    ) -> None:
+        handle = _innermost.get()
+        if handle is not None and handle._lock is self:
+            _innermost.set(handle._outer)
+        else:
+            handle = _unlink_innermost(self)
+        await async_release(self, handle, exc_value)
 
 
 def advisory_lock(
@@ -311,7 +361,7 @@ def _unlink_innermost(lock: AdvisoryLock) -> LockHandle:
 class SessionHold(LockHandle):
     """A session lock: released when its block exits, on the session that took it."""
 
-    __slots__ = ("_ended", "_locks", "_session")
+    __slots__ = ("_ended", "_locks", "_session", "_task")
     acquired = True
 
     def __init__(
@@ -322,11 +372,13 @@ class SessionHold(LockHandle):
         wait_time: float,
         acquired_at: float,
         locks: ConnectionLocks,
+        task: object = None,
     ) -> None:
         super().__init__(lock, connection, "session", db_key, wait_time, acquired_at)
         self._locks = locks
         self._session = locks.backend.session()  # the lock lives as long as it
         self._ended = False
+        self._task = task  # the asyncio task that holds it, in async code
         locks.session_holds.append(self)
 
     def end_of_block(self, exc: BaseException | None) -> None:
@@ -366,7 +418,7 @@ class SessionHold(LockHandle):
                 "(connection reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
             )
         if signals.lock_released.receivers:
-            send(signals.lock_released, self._lock, self)
+            signals.send(signals.lock_released, self._lock, self)
         return None
 
     def _lost(
@@ -374,7 +426,7 @@ class SessionHold(LockHandle):
     ) -> None:
         """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
         message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
-        send(signals.lock_lost, self._lock, self)
+        signals.send(signals.lock_lost, self._lock, self)
         if exc is not None:
             logger.error(message)
             return
@@ -410,176 +462,7 @@ class TransactionHold(LockHandle):
             locks.defer(self)
         elif signals.lock_released.receivers:
             transaction.on_commit(
-                lambda: send(signals.lock_released, lock, self), using=lock.using, robust=True
-            )
-
-
-class ConnectionLocks:
-    """The locks held through one Django connection object (one alias, one thread).
-
-    It knows the session holds (for the request-end safety net) and the holds waiting for
-    the end of a transaction. Its methods run in the thread that owns the connection.
-    """
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        # Weakly: this object lives as long as the connection (see connection_locks()).
-        self.connection: BaseDatabaseWrapper = weakref.proxy(connection)
-        self.backend: LockBackend = backend_for(connection)
-        #: Session holds whose block has not ended, oldest first.
-        self.session_holds: list[SessionHold] = []
-        #: Holds to release when their transaction has ended.
-        self.pending: list[LockHandle] = []
-
-    def forget(self, hold: SessionHold) -> None:
-        """``hold``'s block ended (nearly always the last one that began)."""
-        holds = self.session_holds
-        if holds and holds[-1] is hold:
-            holds.pop()
-        else:
-            holds.remove(hold)
-
-    def defer(self, handle: LockHandle) -> None:
-        """Release ``handle``'s lock when the transaction ends (see ``TransactionHold``)."""
-        self.pending.append(handle)
-        # One callback per hold: any one that survives (a hold's savepoint may be rolled back,
-        # taking its callback with it) releases them all after the commit.
-        transaction.on_commit(self.committed, using=self.connection.alias, robust=True)
-
-    def committed(self) -> None:
-        """The on_commit callback: the transaction that took the pending holds committed."""
-        self.end_pending(late=False)
-
-    def end_pending(self, *, late: bool = True) -> None:
-        """Release the pending holds: their transaction has ended.
-
-        ``late``: the on_commit callback did not run (the transaction rolled back, or an
-        earlier on_commit callback raised and Django ran no later one): say so.
-        """
-        pending, self.pending = self.pending, []
-        for handle in pending:
-            if late:
-                logger.warning(
-                    "Lock %s on database %r was released after its transaction ended, not at "
-                    "its commit: the transaction rolled back, or an earlier on_commit callback "
-                    "raised and Django ran no later one.",
-                    handle.lock_key.label,
-                    handle.using,
-                )
-            try:
-                released = self.backend.release(handle.db_key, shared=handle.shared)
-            except (DatabaseError, LockLost):
-                logger.exception(
-                    "Releasing lock %s on database %r failed; closing the connection, which "
-                    "releases it.",
-                    handle.lock_key.label,
-                    handle.using,
-                )
-                self.discard_session()
-                return
-            if released and signals.lock_released.receivers:
-                send(signals.lock_released, handle._lock, handle)
-
-    def release_leftovers(self) -> None:
-        """The end of a request: release what the request's code left held."""
-        if self.pending and not self.connection.in_atomic_block:
-            self.end_pending()
-        holds, self.session_holds = self.session_holds, []
-        if not holds:
-            return
-        logger.error(
-            "A request ended holding %d session lock(s) on database %r (%s); releasing them.",
-            len(holds),
-            self.connection.alias,
-            ", ".join(hold.lock_key.label for hold in holds[:5]),
-        )
-        for hold in reversed(holds):
-            hold._ended = True  # its block can no longer release it
-            if hold._session is not self.backend.session():
-                continue  # its session closed, and the database dropped the lock with it
-            if self.connection.in_atomic_block and self.backend.transaction_aborted():
-                self.defer(hold)
-                continue
-            try:
-                self.backend.release(hold.db_key, shared=hold.shared)
-            except (DatabaseError, LockLost):
-                self.discard_session()
-                return
-
-    def reopened(self) -> None:
-        """Django opened a new connection: every transaction of the old one has ended."""
-        if self.pending:
-            self.end_pending()
-
-    def discard_session(self) -> None:
-        """Close the driver connection for good (never back to a pool), then Django's: the
-        database releases its locks."""
-        raw = self.connection.connection
-        try:
-            if raw is not None:
-                raw.close()  # first, so that a pool discards it instead of lending it again
-        except Exception:  # closing a broken connection may fail; it is gone either way
-            logger.debug("Closing a broken connection failed.", exc_info=True)
-        try:
-            self.connection.close()
-        except DatabaseError:
-            logger.debug("Closing a broken connection failed.", exc_info=True)
-        self.backend.end_session()
-
-
-_connection_locks: weakref.WeakKeyDictionary[BaseDatabaseWrapper, ConnectionLocks] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def connection_locks(connection: BaseDatabaseWrapper) -> ConnectionLocks:
-    """The locks held through ``connection`` (made on first use)."""
-    locks = _connection_locks.get(connection)
-    if locks is None:
-        locks = _connection_locks[connection] = ConnectionLocks(connection)
-    return locks
-
-
-def release_leftovers(**kwargs: Any) -> None:
-    """``request_finished``: release the locks a request left held on this thread's
-    connections. A view that left a session lock behind (it never reached the block's
-    exit) must not hand it to the next request served on the same connection, and file
-    locks (SQLite) outlive even a closed connection."""
-    for connection in connections.all(initialized_only=True):
-        locks = _connection_locks.get(connection)
-        if locks is not None:
-            locks.release_leftovers()
-
-
-def connection_reopened(*, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """``connection_created``: holds waiting for the end of a transaction of the old
-    connection can go now."""
-    locks = _connection_locks.get(connection)
-    if locks is not None:
-        locks.reopened()
-
-
-def send(signal: Signal, sender: object, handle: LockHandle) -> None:
-    """Send a lock signal to its receivers; one that raises is logged, never propagated."""
-    if not signal.receivers:  # the common case, checked without building any arguments
-        return
-    held = monotonic() - handle.acquired_at if handle.acquired_at is not None else None
-    responses = signal.send_robust(
-        sender=sender,
-        key=handle.key,
-        name=handle.key if isinstance(handle.key, str) else None,
-        using=handle.using,
-        scope=handle.scope,
-        wait_time=handle.wait_time,
-        hold_time=held,
-    )
-    for receiver, response in responses:
-        if isinstance(response, Exception):
-            logger.error(
-                "A receiver of an advisory_lock signal (%s) raised for lock %s on database "
-                "%r: %r. The lock is unaffected.",
-                getattr(receiver, "__qualname__", receiver),
-                handle.lock_key.label,
-                handle.using,
-                response,
-                exc_info=response,
+                lambda: signals.send(signals.lock_released, lock, self),
+                using=lock.using,
+                robust=True,
             )

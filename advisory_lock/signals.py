@@ -7,7 +7,18 @@ Arguments: ``key`` (as given), ``name`` (the key when it is a string, else None)
 that raises is logged and never affects the lock or the caller.
 """
 
+from __future__ import annotations
+
+import logging
+from time import monotonic
+from typing import TYPE_CHECKING
+
 from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from advisory_lock.locks import LockHandle
+
+logger = logging.getLogger("advisory_lock")
 
 #: A lock was taken.
 lock_acquired = Signal()
@@ -17,3 +28,30 @@ lock_released = Signal()
 lock_busy = Signal()
 #: A held lock was found lost (its connection closed or killed, or a pooler moved it).
 lock_lost = Signal()
+
+
+def send(signal: Signal, sender: object, handle: LockHandle) -> None:
+    """Send a lock signal to its receivers; one that raises is logged, never propagated."""
+    if not signal.receivers:  # the common case, checked without building any arguments
+        return
+    held = monotonic() - handle.acquired_at if handle.acquired_at is not None else None
+    responses = signal.send_robust(
+        sender=sender,
+        key=handle.key,
+        name=handle.key if isinstance(handle.key, str) else None,
+        using=handle.using,
+        scope=handle.scope,
+        wait_time=handle.wait_time,
+        hold_time=held,
+    )
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error(
+                "A receiver of an advisory_lock signal (%s) raised for lock %s on database "
+                "%r: %r. The lock is unaffected.",
+                getattr(receiver, "__qualname__", receiver),
+                handle.lock_key.label,
+                handle.using,
+                response,
+                exc_info=response,
+            )

@@ -36,7 +36,7 @@ from advisory_lock.backends.postgresql import _prepared
 from advisory_lock.backends.postgresql import lock_row_ids
 from advisory_lock.backends.postgresql import reset_pooled_connection
 from advisory_lock.keys import make_key
-from advisory_lock.locks import connection_locks
+from advisory_lock.holds import connection_locks
 from tests.pgbouncer import start_pgbouncer
 from tests.probes import in_other_connection
 from tests.probes import is_free
@@ -530,7 +530,7 @@ def test_without_the_request_finished_handler_the_leaked_lock_would_outlive_the_
         assert Client().get("/leaky/").content == b"leaked"
         assert not is_free("pooler:request", "postgresql")
     finally:
-        from advisory_lock.locks import release_leftovers
+        from advisory_lock.holds import release_leftovers
 
         request_finished.connect(release_leftovers, dispatch_uid=RELEASE_LEFTOVERS)
         with connections[alias].cursor() as cursor:

@@ -1,0 +1,138 @@
+"""``@single_instance``: one instance at a time of a management command or a function, fleet-wide.
+
+- ``commands``: ``SingleInstanceMixin``, what the decorator makes of a command class;
+- ``functions``: what it makes of a function (sync or async), e.g. under a task decorator;
+- ``guarded``: ``GuardedRun``, the lock on its own connection, the watchdog, the ledger.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+from typing import cast
+
+from django.core.management.base import BaseCommand
+
+from advisory_lock.keys import Key
+from advisory_lock.keys import make_key
+from advisory_lock.periods import Period
+from advisory_lock.periods import check_period
+from advisory_lock.single_instance.commands import SingleInstanceMixin
+from advisory_lock.single_instance.commands import command_label
+from advisory_lock.single_instance.commands import declared_lock_names
+from advisory_lock.single_instance.functions import single_instance_function
+from advisory_lock.single_instance.guarded import GuardedRun
+from advisory_lock.single_instance.guarded import OnLost
+from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_seconds
+
+__all__ = [
+    "GuardedRun",
+    "SingleInstanceMixin",
+    "command_label",
+    "declared_lock_names",
+    "single_instance",
+]
+
+C = TypeVar("C", bound=type[BaseCommand])
+ON_BUSY = ("skip", "raise")
+
+
+def single_instance(
+    target: Any = None,
+    *,
+    key: Key | Callable[..., Key] | None = None,
+    wait: float = 0,
+    busy_exit_code: int = 0,
+    using: str | None = None,
+    heartbeat: float = 10,
+    on_lost: OnLost = "raise",
+    ledger: Period | None = None,
+    on_busy: str | None = None,
+) -> Any:
+    """Decorate a ``BaseCommand`` subclass or a function (sync or async): one instance runs
+    at a time, fleet-wide.
+
+    Use bare (``@single_instance``) or with arguments (``@single_instance(wait=30)``). For a
+    command the same as ``SingleInstanceMixin`` with these settings. For a function, ``key``
+    is a key or a callable taking the call's arguments (default ``task:<module>.<qualname>``),
+    and ``on_busy`` says what a call that finds the lock busy does: ``"skip"`` (the default:
+    return None) or ``"raise"`` (``LockNotAcquired``).
+    """
+    settings = _checked_settings(
+        key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy
+    )
+
+    def decorate(decorated: Any) -> Any:
+        if isinstance(decorated, type) and issubclass(decorated, BaseCommand):
+            if on_busy is not None:
+                raise TypeError(
+                    "on_busy= is for functions; a command that finds the lock busy exits with "
+                    "busy_exit_code."
+                )
+            return _command_subclass(decorated, settings)
+        if inspect.isfunction(decorated) or inspect.iscoroutinefunction(decorated):
+            if busy_exit_code:
+                raise TypeError("busy_exit_code= is for commands; a function uses on_busy=.")
+            return single_instance_function(
+                decorated,
+                key=key,
+                wait=wait,
+                using=using,
+                heartbeat=heartbeat,
+                on_lost=on_lost,
+                ledger=settings["lock_ledger"],
+                on_busy=on_busy or "skip",
+            )
+        raise TypeError(
+            f"@single_instance decorates a BaseCommand subclass or a function, not {decorated!r}."
+        )
+
+    return decorate if target is None else decorate(target)
+
+
+def _command_subclass(command_class: C, settings: dict[str, Any]) -> C:
+    attributes = {
+        "__module__": command_class.__module__,
+        "__qualname__": command_class.__qualname__,
+        "__doc__": command_class.__doc__,
+        **settings,
+    }
+    subclass = type(command_class.__name__, (SingleInstanceMixin, command_class), attributes)
+    return cast("C", subclass)  # a subclass of command_class, which type() can't express
+
+
+def _checked_settings(
+    key: Any,
+    wait: Any,
+    busy_exit_code: Any,
+    using: Any,
+    heartbeat: Any,
+    on_lost: Any,
+    ledger: Any,
+    on_busy: Any,
+) -> dict[str, Any]:
+    if key is not None and not callable(key):
+        make_key(key)
+    check_seconds("wait", wait)
+    if isinstance(busy_exit_code, bool) or not isinstance(busy_exit_code, int):
+        raise TypeError(f"busy_exit_code must be an int, not {busy_exit_code!r}.")
+    if not 0 <= busy_exit_code <= 255:
+        raise ValueError(f"busy_exit_code must be 0 to 255, not {busy_exit_code}.")
+    check_alias(using)
+    check_seconds("heartbeat", heartbeat, allow_zero=False)
+    if on_lost not in ("raise", "warn") and not callable(on_lost):
+        raise ValueError(f"on_lost must be 'raise', 'warn' or a callable, not {on_lost!r}.")
+    if on_busy is not None and on_busy not in ON_BUSY:
+        raise ValueError(f"on_busy must be 'skip' or 'raise', not {on_busy!r}.")
+    return {
+        "lock_key": key,
+        "lock_wait": wait,
+        "lock_busy_exit_code": busy_exit_code,
+        "lock_using": using,
+        "lock_heartbeat": heartbeat,
+        "lock_on_lost": on_lost,
+        "lock_ledger": None if ledger is None else check_period(ledger),
+    }

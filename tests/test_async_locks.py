@@ -1,0 +1,160 @@
+"""``async with advisory_lock(...)``: the connection of Django's async ORM calls, exclusion between
+tasks of one event loop, waits that never block the loop, cancellation that leaks nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from advisory_lock import LockNotAcquired
+from advisory_lock import advisory_lock
+from tests.probes import is_free
+from tests.test_locks import held_elsewhere
+
+
+def run(coroutine):
+    """Run ``coroutine`` in a new event loop, and close the connections its sync_to_async
+    calls opened (in asgiref's thread for thread-sensitive calls)."""
+
+    async def main():
+        try:
+            return await coroutine
+        finally:
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    return asyncio.run(main())
+
+
+def test_async_with_holds_the_lock_in_the_block_and_releases_it_after(using):
+    async def main():
+        async with advisory_lock("async:block", using=using) as handle:
+            assert handle.acquired and handle.scope == "session"
+            held = await sync_to_async(is_free, thread_sensitive=False)("async:block", using)
+        return held
+
+    assert run(main()) is False
+    assert is_free("async:block", using)
+
+
+def test_the_lock_runs_on_the_connection_of_djangos_async_orm_calls(using):
+    async def main():
+        orm_connection = await sync_to_async(lambda: connections[using], thread_sensitive=True)()
+        async with advisory_lock("async:same-connection", using=using) as handle:
+            return handle.connection is orm_connection
+
+    assert run(main()) is True
+
+
+def test_two_gathered_tasks_sharing_a_connection_never_overlap(using):
+    inside, overlaps, order = [], [], []
+
+    async def worker(name):
+        for _ in range(5):
+            async with advisory_lock("async:gathered", using=using):
+                if inside:
+                    overlaps.append((name, list(inside)))
+                inside.append(name)
+                order.append(name)
+                await asyncio.sleep(0.01)  # the other task runs meanwhile
+                inside.remove(name)
+
+    async def main():
+        await asyncio.gather(worker("a"), worker("b"))
+
+    run(main())
+    assert overlaps == []
+    assert sorted(order) == ["a"] * 5 + ["b"] * 5
+    assert is_free("async:gathered", using)
+
+
+def test_a_try_finds_a_lock_another_task_holds_busy_and_the_same_task_may_take_it_again(using):
+    async def main():
+        taken, other_try = asyncio.Event(), asyncio.Event()
+        results = {}
+
+        async def holder():
+            async with advisory_lock("async:reentrant", using=using):
+                async with advisory_lock("async:reentrant", using=using, wait=False) as again:
+                    results["again"] = again.acquired  # re-entrant for the same task
+                taken.set()
+                await other_try.wait()
+
+        async def other():
+            await taken.wait()
+            async with advisory_lock("async:reentrant", using=using, wait=False) as handle:
+                results["other"] = handle.acquired
+            other_try.set()
+
+        await asyncio.gather(holder(), other())
+        return results
+
+    assert run(main()) == {"again": True, "other": False}
+    assert is_free("async:reentrant", using)
+
+
+def test_a_wait_is_awaited_the_event_loop_keeps_running(using):
+    ticks = []
+
+    async def ticker(stop):
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def main():
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(stop))
+        with held_elsewhere("async:waiting", using):
+            with pytest.raises(LockNotAcquired):
+                async with advisory_lock("async:waiting", using=using, timeout=0.5):
+                    pass
+        stop.set()
+        await tick
+
+    run(main())
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) > 20 and max(gaps) < 0.2  # the loop was never blocked for long
+
+
+def test_cancelled_while_waiting_or_holding_leaks_no_lock(using):
+    async def main():
+        async def hold_forever():
+            async with advisory_lock("async:cancel-holding", using=using):
+                await asyncio.sleep(60)
+
+        holding = asyncio.ensure_future(hold_forever())
+        await asyncio.sleep(0.2)
+        holding.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holding
+
+        with held_elsewhere("async:cancel-waiting", using):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    async with advisory_lock("async:cancel-waiting", using=using):
+                        pytest.fail("the body must not run")
+        # The waiting task's tries ended before it was let go: nothing is left behind.
+        return await sync_to_async(is_free, thread_sensitive=False)("async:cancel-holding", using)
+
+    assert run(main()) is True
+    assert is_free("async:cancel-holding", using)
+    assert is_free("async:cancel-waiting", using)
+
+
+def test_a_decorated_async_function_takes_the_lock_at_each_call(using):
+    @advisory_lock("async:decorated", using=using, wait=False)
+    async def work(value):
+        return value * 2
+
+    async def main():
+        first = await work(21)
+        with held_elsewhere("async:decorated", using):
+            with pytest.raises(LockNotAcquired, match="work"):
+                await work(1)
+        return first
+
+    assert run(main()) == 42
+    assert is_free("async:decorated", using)

@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DEFAULT_DB_ALIAS
 from django.db import DatabaseError
 from django.db import connections
+from django.db import router
 from django.http import HttpRequest
 from django.http import HttpResponse
 from django.http import HttpResponseRedirect
@@ -29,6 +30,7 @@ from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
 from advisory_lock.models import JobRun
+from advisory_lock.overdue import overdue_jobs
 
 logger = logging.getLogger("advisory_lock")
 
@@ -117,6 +119,17 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     # The "Advisory locks" page: the live table of held and awaited locks.
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The runs, and above them the declared jobs that are overdue."""
+        try:
+            overdue = overdue_jobs(router.db_for_read(JobRun))
+        except DatabaseError as error:
+            logger.warning("The overdue jobs could not be read: %s", error)
+            overdue = []
+        return super().changelist_view(request, {**(extra_context or {}), "overdue": overdue})
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view

@@ -43,7 +43,8 @@ async def async_acquire(lock: AdvisoryLock) -> LockHandle:
     """Take ``lock`` for the current task: tries, with awaited pauses between them."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    deadline = None if lock._timeout is None else loop.time() + lock._timeout
+    started = loop.time()
+    deadline = None if lock._timeout is None else started + lock._timeout
     pause = _FIRST_PAUSE
 
     def attempt() -> LockHandle:
@@ -56,9 +57,11 @@ async def async_acquire(lock: AdvisoryLock) -> LockHandle:
             undo=lambda h: async_release(lock, h, None),
         )
         if handle.acquired:
+            lock._record(handle, loop.time() - started)
             return handle
         left = None if deadline is None else deadline - loop.time()
         if not lock.wait or (left is not None and left <= 0):
+            lock._record(handle, loop.time() - started)
             lock._busy(handle)  # raises LockNotAcquired when it had to wait
             return handle
         await asyncio.sleep(pause if left is None else min(pause, left))

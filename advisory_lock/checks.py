@@ -22,9 +22,12 @@ from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import make_key
+from advisory_lock.metrics import metrics_problem
+from advisory_lock.overdue import job_problems
 from advisory_lock.periods import ledger_time_zone
 
 POOL_MODES = ("transaction", "session")
+JOBS_HINT = 'An entry is {"period": "daily", "grace": 7200}: a named period, and seconds.'
 
 
 def lock_aliases() -> list[str]:
@@ -66,6 +69,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
     for alias in lock_aliases():
         messages += _check_alias(alias)
+    if problem := metrics_problem():
+        messages.append(
+            Error(
+                problem,
+                hint="ADVISORY_LOCK['METRICS'] is None (off) or 'opentelemetry'.",
+                id="advisory_lock.E009",
+            )
+        )
+    jobs = get_setting("JOBS")
+    if not isinstance(jobs, dict):
+        messages.append(
+            Error(
+                f"ADVISORY_LOCK['JOBS'] must be a dict of job names to entries, not {jobs!r}.",
+                id="advisory_lock.E010",
+            )
+        )
+    else:
+        for job_name, entry in jobs.items():
+            messages += [
+                Error(problem, hint=JOBS_HINT, id="advisory_lock.E010")
+                for problem in job_problems(job_name, entry)
+            ]
     return messages
 
 

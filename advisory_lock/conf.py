@@ -20,6 +20,13 @@ DEFAULTS: dict[str, Any] = {
     "DIRECT_ALIAS": {},
     # Lock names to show in inspection and check for collisions: a list, or {name: key}.
     "NAMES": [],
+    # Ledger writes in the caller's transaction (a savepoint) instead of on a connection of
+    # their own: for tests, so that TestCase's rollback takes the rows with it.
+    "LEDGER_IN_CALLERS_TRANSACTION": False,
+    # {job name: {"period": "daily", "grace": seconds}}: jobs watched for overdue slots.
+    "JOBS": {},
+    # None, or "opentelemetry": record metrics through the OpenTelemetry API.
+    "METRICS": None,
     # LockBusyMiddleware's answer to a view that raised LockNotAcquired.
     "BUSY_RESPONSE": {"status": 503, "retry_after": 1},
 }

@@ -16,6 +16,7 @@ from time import monotonic
 from django.db import DatabaseError
 from django.db import connections
 
+from advisory_lock import metrics
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
@@ -74,6 +75,10 @@ class DedicatedLock:
                 self.db_key, shared=False, timeout=wait, transaction=False
             )
         waited = monotonic() - started
+        if metrics.recorder is not None:
+            outcome = "acquired" if acquired else "timeout" if wait else "busy"
+            vendor = self.connection.vendor
+            metrics.recorder.acquisition(outcome, vendor, self.using, waited, self.label)
         if acquired:
             self.acquired_at = monotonic()
             logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
@@ -178,6 +183,13 @@ class DedicatedLock:
                     f"longer held when released: another instance may have run."
                 )
             logger.info("%s: released lock %s after %.3fs.", self.label, self.key.label, held_for)
+            if metrics.recorder is not None:
+                vendor = self.connection.vendor
+                metrics.recorder.held(held_for, vendor, self.using, self.label)
+        except LockLost:
+            if metrics.recorder is not None:
+                metrics.recorder.lost(self.connection.vendor, self.using, self.label)
+            raise
         finally:
             self.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from time import monotonic
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.db import connections
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from advisory_lock import metrics
 from advisory_lock import signals
 from advisory_lock.backends import backend_for
 from advisory_lock.backends.base import LockBackend
@@ -98,6 +100,9 @@ class ConnectionLocks:
                 return
             if released and signals.lock_released.receivers:
                 signals.send(signals.lock_released, handle._lock, handle)
+            if released and metrics.recorder is not None and handle.acquired_at is not None:
+                held = monotonic() - handle.acquired_at
+                metrics.recorder.held(held, self.backend.vendor, handle.using)
 
     def release_leftovers(self) -> None:
         """The end of a request: release what the request's code left held."""

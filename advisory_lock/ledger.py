@@ -34,8 +34,11 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError
 from django.db import connections
 from django.db import router
+from django.db import transaction
 
+from advisory_lock import metrics
 from advisory_lock.backends import inspector_for
+from advisory_lock.conf import get_setting
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
@@ -203,7 +206,7 @@ def claim_slot(
 ) -> tuple[JobRun | None, JobRun | None]:
     """Claim ``job_name``'s current slot, guarded by the lock ``held`` (which the caller
     holds): (the new running run, None), or (None, the slot's latest run when taken)."""
-    return on_own_connection(lambda: _claim(using, job_name, period, retry_failed, held))
+    return write(using, lambda: _claim(using, job_name, period, retry_failed, held))
 
 
 def _claim(
@@ -268,7 +271,7 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
         )
 
     try:
-        recorded = on_own_connection(record, timeout=timeout)
+        recorded = write(using, record, timeout=timeout)
     finally:
         if run.claimed_lock is not None:
             run.claimed_lock.close()  # closing the connection releases the lock
@@ -318,10 +321,15 @@ def mark_abandoned(
         if period:
             running = running.filter(period=period)
         if force:
-            return running.update(status=Status.ABANDONED)
+            abandoned = list(running.values_list("job_name", flat=True))
+            marked = running.update(status=Status.ABANDONED)
+            if metrics.recorder is not None:
+                for job in abandoned[:marked]:
+                    metrics.recorder.job_run("abandoned", job, connections[using].vendor, using)
+            return marked
         return sum(_abandon_if_orphaned(using, run, None) for run in running)
 
-    return on_own_connection(mark)
+    return write(using, mark)
 
 
 def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
@@ -336,11 +344,15 @@ def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
         key = LockKey.from_identity(run.lock_key)
         with advisory_lock(key, using=direct_alias(using), wait=False, scope="session") as lock:
             orphaned = lock.acquired
-    return orphaned and bool(
+    marked = orphaned and bool(
         JobRun.objects.using(using)
         .filter(pk=run.pk, status=Status.RUNNING)
         .update(status=Status.ABANDONED)
     )
+    if marked and metrics.recorder is not None:
+        vendor = connections[using].vendor
+        metrics.recorder.job_run("abandoned", run.job_name, vendor, using)
+    return marked
 
 
 def describe_taken(taken: JobRun | None) -> str:
@@ -355,6 +367,17 @@ def describe_taken(taken: JobRun | None) -> str:
 
 def format_error(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
+    """Run the ledger's ``func`` on a connection of its own (see ``on_own_connection``), or,
+    with ``ADVISORY_LOCK["LEDGER_IN_CALLERS_TRANSACTION"]`` (for tests: see
+    ``advisory_lock.testing``), in a savepoint of the caller's transaction, so that a test's
+    rollback takes the ledger's rows with it."""
+    if get_setting("LEDGER_IN_CALLERS_TRANSACTION"):
+        with transaction.atomic(using=using):
+            return func()
+    return on_own_connection(func, timeout=timeout)
 
 
 def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:

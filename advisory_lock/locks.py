@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
+from advisory_lock import metrics
 from advisory_lock import signals
 from advisory_lock.async_locks import async_acquire
 from advisory_lock.async_locks import async_release
@@ -221,6 +222,8 @@ class AdvisoryLock:
         """
         connection = connections[self.using]
         handle = self._take(connection, connection_locks(connection), self._timeout)
+        if metrics.recorder is not None:
+            self._record(handle, handle.wait_time)
         if not handle.acquired:
             self._busy(handle)
         return handle
@@ -292,6 +295,13 @@ class AdvisoryLock:
         if signals.lock_acquired.receivers:
             signals.send(signals.lock_acquired, self, handle)
         return handle
+
+    def _record(self, handle: LockHandle, wait_time: float) -> None:
+        """Record the outcome of taking the lock in the metrics (when they are on)."""
+        if metrics.recorder is not None:
+            outcome = "acquired" if handle.acquired else "timeout" if self.wait else "busy"
+            vendor = handle.connection.vendor
+            metrics.recorder.acquisition(outcome, vendor, self.using, wait_time)
 
     def _busy(self, handle: LockHandle) -> None:
         """The lock was not taken: tell ``lock_busy``'s receivers, and raise if it had to be."""
@@ -419,6 +429,9 @@ class SessionHold(LockHandle):
             )
         if signals.lock_released.receivers:
             signals.send(signals.lock_released, self._lock, self)
+        if metrics.recorder is not None:
+            held = monotonic() - (self.acquired_at or monotonic())
+            metrics.recorder.held(held, backend.vendor, self.using)
         return None
 
     def _lost(
@@ -427,6 +440,8 @@ class SessionHold(LockHandle):
         """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
         message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
         signals.send(signals.lock_lost, self._lock, self)
+        if metrics.recorder is not None:
+            metrics.recorder.lost(self._locks.backend.vendor, self.using)
         if exc is not None:
             logger.error(message)
             return
@@ -460,9 +475,12 @@ class TransactionHold(LockHandle):
         super().__init__(lock, connection, "transaction", db_key, wait_time, acquired_at)
         if not native:
             locks.defer(self)
-        elif signals.lock_released.receivers:
-            transaction.on_commit(
-                lambda: signals.send(signals.lock_released, lock, self),
-                using=lock.using,
-                robust=True,
-            )
+        elif signals.lock_released.receivers or metrics.recorder is not None:
+            transaction.on_commit(self.released_at_commit, using=lock.using, robust=True)
+
+    def released_at_commit(self) -> None:
+        """The server released the lock with its transaction's commit (PostgreSQL)."""
+        signals.send(signals.lock_released, self._lock, self)
+        if metrics.recorder is not None:
+            held = monotonic() - (self.acquired_at or monotonic())
+            metrics.recorder.held(held, self.connection.vendor, self.using)

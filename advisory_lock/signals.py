@@ -28,6 +28,9 @@ lock_released = Signal()
 lock_busy = Signal()
 #: A held lock was found lost (its connection closed or killed, or a pooler moved it).
 lock_lost = Signal()
+#: ``manage.py job_runs --overdue`` found a declared job overdue. Arguments: ``job_name``,
+#: ``period``, ``missing_slot``, ``slot_ended_at``, ``last_success`` (a JobRun or None).
+job_overdue = Signal()
 
 
 def send(signal: Signal, sender: object, handle: LockHandle) -> None:

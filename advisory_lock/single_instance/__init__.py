@@ -17,10 +17,12 @@ from django.core.management.base import BaseCommand
 
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
+from advisory_lock.overdue import declare
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_period
 from advisory_lock.single_instance.commands import SingleInstanceMixin
 from advisory_lock.single_instance.commands import command_label
+from advisory_lock.single_instance.commands import declared_command_jobs
 from advisory_lock.single_instance.commands import declared_lock_names
 from advisory_lock.single_instance.functions import single_instance_function
 from advisory_lock.single_instance.guarded import GuardedRun
@@ -32,6 +34,7 @@ __all__ = [
     "GuardedRun",
     "SingleInstanceMixin",
     "command_label",
+    "declared_command_jobs",
     "declared_lock_names",
     "single_instance",
 ]
@@ -51,6 +54,7 @@ def single_instance(
     on_lost: OnLost = "raise",
     ledger: Period | None = None,
     on_busy: str | None = None,
+    grace: float | None = None,
 ) -> Any:
     """Decorate a ``BaseCommand`` subclass or a function (sync or async): one instance runs
     at a time, fleet-wide.
@@ -59,10 +63,12 @@ def single_instance(
     command the same as ``SingleInstanceMixin`` with these settings. For a function, ``key``
     is a key or a callable taking the call's arguments (default ``task:<module>.<qualname>``),
     and ``on_busy`` says what a call that finds the lock busy does: ``"skip"`` (the default:
-    return None) or ``"raise"`` (``LockNotAcquired``).
+    return None) or ``"raise"`` (``LockNotAcquired``). ``grace`` (seconds) declares the job
+    for the overdue report: a slot without a successful run is overdue that long after its
+    end (``advisory_lock.overdue``).
     """
     settings = _checked_settings(
-        key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy
+        key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy, grace
     )
 
     def decorate(decorated: Any) -> Any:
@@ -76,6 +82,8 @@ def single_instance(
         if inspect.isfunction(decorated) or inspect.iscoroutinefunction(decorated):
             if busy_exit_code:
                 raise TypeError("busy_exit_code= is for commands; a function uses on_busy=.")
+            if grace is not None and isinstance(ledger, str):
+                declare(f"{decorated.__module__}.{decorated.__qualname__}", ledger, grace)
             return single_instance_function(
                 decorated,
                 key=key,
@@ -113,6 +121,7 @@ def _checked_settings(
     on_lost: Any,
     ledger: Any,
     on_busy: Any,
+    grace: Any,
 ) -> dict[str, Any]:
     if key is not None and not callable(key):
         make_key(key)
@@ -127,6 +136,13 @@ def _checked_settings(
         raise ValueError(f"on_lost must be 'raise', 'warn' or a callable, not {on_lost!r}.")
     if on_busy is not None and on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be 'skip' or 'raise', not {on_busy!r}.")
+    if grace is not None:
+        check_seconds("grace", grace)
+        if not isinstance(ledger, str) or ledger == "once":
+            raise ValueError(
+                "grace= declares a job for the overdue report: it needs a named ledger period "
+                "that ends (hourly, daily, weekly or monthly)."
+            )
     return {
         "lock_key": key,
         "lock_wait": wait,
@@ -135,4 +151,5 @@ def _checked_settings(
         "lock_heartbeat": heartbeat,
         "lock_on_lost": on_lost,
         "lock_ledger": None if ledger is None else check_period(ledger),
+        "lock_grace": grace,
     }

@@ -16,6 +16,7 @@ from django.core.management.base import OutputWrapper
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
+from advisory_lock.overdue import Expectation
 from advisory_lock.periods import Period
 from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost
@@ -44,6 +45,9 @@ class SingleInstanceMixin:
     #: A ledger period ("hourly", "daily", ... or a callable): at most one successful run per
     #: slot, recorded in ``job_runs`` under the command's name. None: no ledger.
     lock_ledger: Period | None = None
+    #: Seconds after a slot's end when a slot without a successful run is overdue (see
+    #: ``advisory_lock.overdue``); None: the command is not watched.
+    lock_grace: float | None = None
 
     #: The lock of the running command (None before and after the run).
     lock: DedicatedLock | None = None
@@ -129,10 +133,32 @@ def command_label(command_class: type) -> str:
 
 def declared_lock_names() -> list[str]:
     """The static keys of this project's single-instance commands (callable keys excluded)."""
+    names = []
+    for command_class in single_instance_commands():
+        key = _setting(command_class, "lock_key")
+        if key is None:
+            names.append(f"command:{command_label(command_class)}")
+        elif isinstance(key, str):
+            names.append(key)
+    return names
+
+
+def declared_command_jobs() -> list[Expectation]:
+    """The jobs that single-instance commands declare: a named ledger period and a grace."""
+    jobs = []
+    for command_class in single_instance_commands():
+        period, grace = _setting(command_class, "lock_ledger"), command_class.lock_grace
+        if isinstance(period, str) and grace is not None:
+            jobs.append(Expectation(command_label(command_class), period, grace))
+    return jobs
+
+
+def single_instance_commands() -> list[type[SingleInstanceMixin]]:
+    """This project's single-instance command classes (loading each command's module)."""
     from django.core.management import get_commands
     from django.core.management import load_command_class
 
-    names = []
+    found = []
     for command_name, app_name in get_commands().items():
         if isinstance(app_name, BaseCommand):  # an already loaded command
             command_class: type = type(app_name)
@@ -141,11 +167,6 @@ def declared_lock_names() -> list[str]:
                 command_class = type(load_command_class(app_name, command_name))
             except Exception:  # a broken command is not ours to report here
                 continue
-        if not issubclass(command_class, SingleInstanceMixin):
-            continue
-        key = _setting(command_class, "lock_key")
-        if key is None:
-            names.append(f"command:{command_label(command_class)}")
-        elif isinstance(key, str):
-            names.append(key)
-    return names
+        if issubclass(command_class, SingleInstanceMixin):
+            found.append(command_class)
+    return found

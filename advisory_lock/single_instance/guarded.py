@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
+from advisory_lock import metrics
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
@@ -100,6 +101,9 @@ class GuardedRun:
             if run is None:
                 lock.close()
                 self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."
+                if metrics.recorder is not None:
+                    vendor = lock.connection.vendor
+                    metrics.recorder.job_run("skipped", self.label, vendor, lock.using)
                 return False
             run.lock = lock
             self.run = run
@@ -140,6 +144,11 @@ class GuardedRun:
                 timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
                 finish(lock.using, self.run, error=error, timeout=timeout)
                 recorded = True
+                if metrics.recorder is not None:
+                    duration = self.run.duration.total_seconds() if self.run.duration else None
+                    status = "failed" if error else "succeeded"
+                    vendor = lock.connection.vendor
+                    metrics.recorder.job_run(status, self.label, vendor, lock.using, duration)
             except LockLost as taken_over:
                 problems.append(taken_over)
             except Exception as failure:

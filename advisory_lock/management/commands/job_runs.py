@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime
+import json
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
+from advisory_lock import signals
 from advisory_lock.models import JobRun
+from advisory_lock.overdue import overdue_jobs
 from advisory_lock.tables import format_table
 from advisory_lock.validation import whole_number_argument
 
@@ -54,6 +58,15 @@ class Command(BaseCommand):
             metavar="DAYS",
             help="With --prune: age in days.",
         )
+        parser.add_argument(
+            "--overdue",
+            action="store_true",
+            help=(
+                "List the declared jobs whose latest ended slot has no successful run (after "
+                "its grace); exit status 1 if any, 0 if none."
+            ),
+        )
+        parser.add_argument("--json", action="store_true", help="With --overdue: print JSON.")
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -72,6 +85,10 @@ class Command(BaseCommand):
                 f"Pruned {deleted} finished run(s) older than {options['older_than']} days."
             )
             return
+        if options["json"] and not options["overdue"]:
+            raise CommandError("--json goes with --overdue.")
+        if options["overdue"]:
+            return self.overdue(options["database"], as_json=options["json"])
         if (options["force"] or options["period"]) and not options["mark_abandoned"]:
             raise CommandError("--force and --period go with --mark-abandoned.")
         if options["mark_abandoned"]:
@@ -104,6 +121,41 @@ class Command(BaseCommand):
             self.stdout.write(line)
         if not rows:
             self.stdout.write("(no runs)")
+
+    def overdue(self, using: str, *, as_json: bool) -> None:
+        """Report the overdue jobs; exit with status 1 when there is any (for monitors)."""
+        overdue = overdue_jobs(using)
+        for job in overdue:
+            signals.job_overdue.send_robust(
+                sender=type(self),
+                job_name=job.job_name,
+                period=job.period,
+                missing_slot=job.missing_slot,
+                slot_ended_at=job.slot_ended_at,
+                last_success=job.last_success,
+            )
+        if as_json:
+            self.stdout.write(json.dumps([job.as_dict() for job in overdue], indent=2))
+        elif not overdue:
+            self.stdout.write("No declared job is overdue.")
+        else:
+            header = ("job", "period", "missing slot", "ended (UTC)", "last success")
+            rows = [
+                (
+                    job.job_name,
+                    job.period,
+                    job.missing_slot,
+                    f"{job.slot_ended_at:%Y-%m-%d %H:%M}",
+                    "never"
+                    if job.last_success is None
+                    else f"{job.last_success.period} on {job.last_success.host}",
+                )
+                for job in overdue
+            ]
+            for line in format_table(header, rows):
+                self.stdout.write(line)
+        if overdue:
+            sys.exit(1)
 
 
 def _duration(duration: datetime.timedelta | None) -> str:

@@ -1,0 +1,159 @@
+"""Overdue jobs: the ledger says what ran; the jobs' declarations say what should have.
+
+A job is declared with the period it runs in and a grace in seconds, in settings::
+
+    ADVISORY_LOCK = {"JOBS": {"example.nightly_report": {"period": "daily", "grace": 7200}}}
+
+or where it is defined: ``@single_instance(ledger="daily", grace=7200)`` (a command's job name
+is ``<app_label>.<command>``; a function's ``<module>.<qualname>``). Only declared jobs are
+watched. A job is overdue when the latest slot that ended more than ``grace`` seconds ago,
+by the database server's clock in the ledger's time zone, has no ``succeeded`` run. A
+``once`` job's slot never ends: it is never overdue.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from advisory_lock.backends import inspector_for
+from advisory_lock.conf import get_setting
+from advisory_lock.periods import PERIODS
+from advisory_lock.periods import ledger_time_zone
+from advisory_lock.periods import slot
+from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_seconds
+
+JOB_OPTIONS = ("period", "grace")
+UTC = datetime.timezone.utc
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A declared job: it runs every ``period``, and is overdue ``grace`` seconds after."""
+
+    job_name: str
+    period: str
+    grace: float = 0
+
+
+@dataclass(frozen=True)
+class OverdueJob:
+    """A job whose ``missing_slot`` has no successful run, ``grace`` seconds after it ended."""
+
+    job_name: str
+    period: str
+    missing_slot: str
+    slot_ended_at: datetime.datetime
+    last_success: Any  # the job's latest succeeded JobRun, or None
+
+    def as_dict(self) -> dict[str, Any]:
+        last = self.last_success
+        return {
+            "job": self.job_name,
+            "period": self.period,
+            "missing_slot": self.missing_slot,
+            "slot_ended_at": self.slot_ended_at.isoformat(),
+            "last_success": None
+            if last is None
+            else {
+                "slot": last.period,
+                "finished_at": last.finished_at.isoformat() if last.finished_at else None,
+                "host": last.host,
+            },
+        }
+
+
+# Jobs declared in code by @single_instance on functions: {job name: Expectation}.
+_declared_in_code: dict[str, Expectation] = {}
+
+
+def declare(job_name: str, period: str, grace: float) -> None:
+    """Declare a job from its code (``@single_instance(ledger=..., grace=...)``)."""
+    _declared_in_code[job_name] = Expectation(job_name, period, grace)
+
+
+def declared_jobs() -> dict[str, Expectation]:
+    """Every declared job: ADVISORY_LOCK["JOBS"], then the project's single-instance commands
+    and the functions imported so far (settings win over code)."""
+    from advisory_lock.single_instance import declared_command_jobs
+
+    jobs = dict(_declared_in_code)
+    jobs.update((job.job_name, job) for job in declared_command_jobs())
+    for job_name, entry in get_setting("JOBS").items():
+        if not job_problems(job_name, entry):
+            jobs[job_name] = Expectation(job_name, entry["period"], entry.get("grace", 0))
+    return jobs
+
+
+def job_problems(job_name: object, entry: object) -> list[str]:
+    """What is wrong with one JOBS entry (for the system checks); empty if it is fine."""
+    if not isinstance(job_name, str) or not job_name.strip():
+        return [f"ADVISORY_LOCK['JOBS'] has a job name that is not a non-blank str: {job_name!r}."]
+    where = f"ADVISORY_LOCK['JOBS'][{job_name!r}]"
+    if not isinstance(entry, dict):
+        return [f"{where} must be a dict with 'period' and optionally 'grace', not {entry!r}."]
+    problems = []
+    unknown = sorted(set(entry) - set(JOB_OPTIONS), key=str)
+    if unknown:
+        problems.append(
+            f"{where} has unknown option(s) {', '.join(map(repr, unknown))}; the options are "
+            f"{', '.join(map(repr, JOB_OPTIONS))}."
+        )
+    if entry.get("period") not in PERIODS:
+        problems.append(
+            f"{where}['period'] must be one of {', '.join(map(repr, PERIODS))}, not "
+            f"{entry.get('period')!r}."
+        )
+    grace = entry.get("grace", 0)
+    try:
+        check_seconds("grace", grace)
+    except ValueError:
+        problems.append(f"{where}['grace'] must be a number of seconds >= 0, not {grace!r}.")
+    return problems
+
+
+def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
+    """The declared jobs that are overdue now, by the ledger on ``using``'s clock."""
+    from advisory_lock.models import JobRun
+
+    using = check_alias(using)
+    now = inspector_for(connections[using]).database_now()
+    runs = JobRun.objects.using(using)
+    overdue = []
+    for job in sorted(declared_jobs().values(), key=lambda job: job.job_name):
+        if job.period == "once":
+            continue
+        missing, ended_at = last_ended_slot(
+            job.period, now - datetime.timedelta(seconds=job.grace)
+        )
+        succeeded = runs.filter(job_name=job.job_name, status=JobRun.Status.SUCCEEDED)
+        if succeeded.filter(period=missing).exists():
+            continue
+        last = succeeded.order_by("-finished_at").first()
+        overdue.append(OverdueJob(job.job_name, job.period, missing, ended_at, last))
+    return overdue
+
+
+def last_ended_slot(period: str, moment: datetime.datetime) -> tuple[str, datetime.datetime]:
+    """The latest slot of ``period`` that had ended at ``moment``, and when it ended (the
+    start of the slot ``moment`` is in), in the ledger's time zone."""
+    local = moment.astimezone(ledger_time_zone())
+    if period == "hourly":
+        # replace() keeps the fold: the hour that repeats when DST ends starts twice.
+        start = local.replace(minute=0, second=0, microsecond=0)
+    elif period in ("daily", "weekly", "monthly"):
+        day = local.date()
+        if period == "weekly":
+            day -= datetime.timedelta(days=day.weekday())
+        elif period == "monthly":
+            day = day.replace(day=1)
+        start = datetime.datetime.combine(day, datetime.time(), tzinfo=local.tzinfo)
+    else:
+        raise ValueError(f"No slot end for the period {period!r}.")
+    # In UTC: wall-clock arithmetic in a zone with DST would be off by the shift.
+    ended_at = start.astimezone(UTC)
+    return slot(period, ended_at - datetime.timedelta(microseconds=1)), ended_at

@@ -110,10 +110,10 @@ def held_locks(using: str | None = None) -> HeldLocks:
 def find_lock_session(using: str, holder_id: int) -> HeldLock | None:
     """The lock that ``holder_id`` holds or waits for on ``using`` now, or None: only such a
     session may be terminated from the admin."""
-    if holder_id <= 0:
+    if not inspector_for(connections[using]).may_terminate(holder_id):
         return None
-    if not inspector_for(connections[using]).is_lock_session(holder_id):
-        return None
+    # The same live list the locks page shows (with the names it knows, which is all some
+    # MySQL servers can be asked about).
     return next((lock for lock in held_locks(using) if lock.holder_id == holder_id), None)
 
 

@@ -9,8 +9,10 @@ import os
 import socket
 import tempfile
 import warnings
+from importlib.util import find_spec
 from pathlib import Path
 
+import django
 from django.core.exceptions import ImproperlyConfigured
 
 from testproject.database_url import parse
@@ -88,3 +90,13 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"advisory_lock": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# Django Tasks (built into Django 6.0; the django-tasks backport on 5.2) with the
+# django-tasks-db backend, whose db_worker processes tests/test_task_queues.py starts. Only
+# when the packages are installed (the "test" extra), so that the rest of the suite runs
+# without them; QUEUES = [] accepts any queue (each test uses its own).
+if find_spec("django_tasks_db") and (django.VERSION >= (6, 0) or find_spec("django_tasks")):
+    INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
+    if django.VERSION < (6, 0):
+        INSTALLED_APPS.append("django_tasks")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": []}}

@@ -181,12 +181,9 @@ class LockInspector:
         names, for databases that can only be asked about a name."""
         raise NotImplementedError
 
-    def is_lock_session(self, holder_id: int) -> bool:
-        """True if ``holder_id`` holds or waits for an advisory lock on this database now."""
-        return any(
-            row.holder is not None and row.holder.id == holder_id
-            for row in self.list_locks({}).rows
-        )
+    def may_terminate(self, holder_id: int) -> bool:
+        """False for an id that must never be terminated, whatever it holds."""
+        return holder_id > 0
 
     def terminate(self, holder_id: int) -> None:
         """End the session ``holder_id``, which frees its locks."""

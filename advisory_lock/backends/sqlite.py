@@ -311,11 +311,10 @@ class SQLiteInspector(LockInspector):
             )
         return Listing("/proc/locks", rows)
 
-    def is_lock_session(self, holder_id: int) -> bool:
-        # Never this process or its parents: "terminating" them would stop the server itself.
-        if holder_id <= 1 or holder_id in (os.getpid(), os.getppid()):
-            return False
-        return super().is_lock_session(holder_id)
+    def may_terminate(self, holder_id: int) -> bool:
+        # A holder is a process here: never init, this process, or its parent (that would
+        # stop the server itself), nor a process group (0 or a negative id).
+        return holder_id > 1 and holder_id not in (os.getpid(), os.getppid())
 
     def terminate(self, holder_id: int) -> None:
         os.kill(holder_id, signal.SIGTERM)

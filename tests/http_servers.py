@@ -1,0 +1,153 @@
+"""Serve the test project with gunicorn or uvicorn, and send it many POSTs at once.
+
+Used by ``tests/test_web_servers.py`` and ``bench/web_servers.py``. A server runs in a process
+group of its own, so that stopping it ends its workers too, even when its master is stuck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+#: The server command line for each kind: gunicorn's sync workers run the WSGI app, uvicorn's
+#: workers the ASGI app (Django's ASGI handler has no lifespan support: off).
+COMMANDS = {
+    "gunicorn": lambda port, workers: [
+        *("-m", "gunicorn", "--worker-class", "sync", "--workers", str(workers)),
+        *("--bind", f"{HOST}:{port}", "testproject.wsgi:application"),
+    ],
+    "uvicorn": lambda port, workers: [
+        *("-m", "uvicorn", "--workers", str(workers), "--host", HOST, "--port", str(port)),
+        *("--lifespan", "off", "--no-access-log", "testproject.asgi:application"),
+    ],
+}
+#: A path that answers any request once Django is loaded (405: the view wants a POST).
+READY_PATH = "/counter/increment/"
+
+
+def free_port() -> int:
+    """A TCP port of the loopback interface that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Answer:
+    """One HTTP response."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def post(url: str, *, timeout: float = 30.0) -> Answer:
+    """POST an empty body to ``url`` (``http://host:port/path?query``) on a new connection."""
+    rest = url.removeprefix("http://")
+    address, _, path = rest.partition("/")
+    host, _, port = address.partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request("POST", "/" + path, headers={"Connection": "close"})
+        response = connection.getresponse()
+        return Answer(response.status, dict(response.getheaders()), response.read())
+    finally:
+        connection.close()
+
+
+def post_many(url: str, count: int, concurrency: int) -> list[Answer]:
+    """POST ``count`` times to ``url`` from ``concurrency`` client threads at once."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda _: post(url), range(count)))
+
+
+class WebServer:
+    """A gunicorn or uvicorn server of the test project, with ``workers`` worker processes."""
+
+    def __init__(self, kind: str, env: dict[str, str], workers: int = 4) -> None:
+        self.kind = kind
+        self.port = free_port()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, *COMMANDS[kind](self.port, workers)],
+            cwd=ROOT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a process group of its own: see stop()
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} pid={self.proc.pid} port={self.port}>"
+
+    def url(self, path: str) -> str:
+        return f"http://{HOST}:{self.port}{path}"
+
+    def output(self) -> str:
+        """What the server and its workers wrote so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Return once Django answers; fail if the server exits or ``timeout`` runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self!r} exited with status {self.proc.returncode} before answering:\n"
+                    f"{self.output()}"
+                )
+            with contextlib.suppress(OSError):
+                connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
+                try:
+                    connection.request("GET", READY_PATH)
+                    if connection.getresponse().status == 405:
+                        return
+                finally:
+                    connection.close()
+            time.sleep(0.1)
+        raise RuntimeError(f"{self!r} did not answer within {timeout:g}s:\n{self.output()}")
+
+    def stop(self) -> None:
+        """End the server and its workers: SIGTERM to its process group, SIGKILL if needed."""
+        try:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(10)
+            # Workers that outlive their master (or a master that ignored SIGTERM).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+@contextlib.contextmanager
+def serving(kind: str, env: dict[str, str], workers: int = 4) -> Iterator[WebServer]:
+    """A started server, ready to answer; stopped when the block ends, whatever happens."""
+    server = WebServer(kind, env, workers)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

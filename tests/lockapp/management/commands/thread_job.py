@@ -1,0 +1,29 @@
+import argparse
+import time
+
+from django.core.management.base import BaseCommand
+
+from advisory_lock import single_instance
+
+
+@single_instance(heartbeat=1)
+class Command(BaseCommand):
+    help = "Run by call_command in a worker thread: works for --seconds, polling or not."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--seconds", type=float, default=6.0)
+        parser.add_argument("--poll", action="store_true", help="Call self.lock.check().")
+        # call_command(started=event) only: a threading.Event to set once the body runs.
+        parser.add_argument("--started", help=argparse.SUPPRESS)
+
+    def handle(self, *args, **options):
+        if options["started"] is not None:
+            options["started"].set()
+        deadline = time.monotonic() + options["seconds"]
+        while time.monotonic() < deadline:
+            if options["poll"]:
+                self.lock.check()
+                time.sleep(0.1)
+            else:
+                time.sleep(max(0.0, deadline - time.monotonic()))
+        self.stdout.write("finished")

@@ -35,8 +35,8 @@ from advisory_lock.backends.postgresql import POOLED_ALIASES
 from advisory_lock.backends.postgresql import _prepared
 from advisory_lock.backends.postgresql import lock_row_ids
 from advisory_lock.backends.postgresql import reset_pooled_connection
-from advisory_lock.keys import make_key
 from advisory_lock.holds import connection_locks
+from advisory_lock.keys import make_key
 from tests.pgbouncer import start_pgbouncer
 from tests.probes import in_other_connection
 from tests.probes import is_free

@@ -31,6 +31,8 @@ from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
 from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
+from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduler import Scheduler
 
 logger = logging.getLogger("advisory_lock")
 
@@ -135,6 +137,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         view = self.admin_site.admin_view
         return [
             path("locks/", view(self.locks_view), name="advisory_lock_jobrun_locks"),
+            path("schedule/", view(self.schedule_view), name="advisory_lock_jobrun_schedule"),
             path(
                 "locks/terminate/<int:holder_id>/",
                 view(self.terminate_view),
@@ -142,6 +145,23 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             ),
             *super().get_urls(),
         ]
+
+    def schedule_view(self, request: HttpRequest) -> HttpResponse:
+        """ADVISORY_LOCK["SCHEDULE"]: each entry's next slot and last run, overdue marked."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "title": "Schedule"}
+        using = router.db_for_read(JobRun)
+        try:
+            rows = Scheduler(schedule_entries(), using=using).listing()
+            overdue = {job.job_name: job for job in overdue_jobs(using)}
+        except (ValueError, DatabaseError) as error:
+            context["error"] = str(error)
+            return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
+        for row in rows:
+            row["overdue"] = overdue.get(row["name"])
+        context.update(rows=rows, opts=self.model._meta)
+        return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
 
     def locks_view(self, request: HttpRequest) -> HttpResponse:
         """Who holds which lock: for staff with the view permission on job runs."""

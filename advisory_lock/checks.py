@@ -25,8 +25,14 @@ from advisory_lock.keys import make_key
 from advisory_lock.metrics import metrics_problem
 from advisory_lock.overdue import job_problems
 from advisory_lock.periods import ledger_time_zone
+from advisory_lock.schedule import entry_problems
 
 POOL_MODES = ("transaction", "session")
+SCHEDULE_HINT = (
+    'An entry is {"command": "nightly_report", "cron": "0 3 * * *"} or '
+    '{"callable": "feeds.jobs.poll", "every": 30}, with optional args, catch_up, retries, '
+    "timeout and grace."
+)
 JOBS_HINT = 'An entry is {"period": "daily", "grace": 7200}: a named period, and seconds.'
 
 
@@ -91,7 +97,25 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 Error(problem, hint=JOBS_HINT, id="advisory_lock.E010")
                 for problem in job_problems(job_name, entry)
             ]
+    messages += _check_schedule()
     return messages
+
+
+def _check_schedule() -> list[CheckMessage]:
+    schedule = get_setting("SCHEDULE")
+    if not isinstance(schedule, dict):
+        return [
+            Error(
+                f"ADVISORY_LOCK['SCHEDULE'] must be a dict of entry names to entries, not "
+                f"{schedule!r}.",
+                id="advisory_lock.E011",
+            )
+        ]
+    return [
+        Error(problem, hint=SCHEDULE_HINT, id="advisory_lock.E011")
+        for name, options in schedule.items()
+        for problem in entry_problems(name, options)
+    ]
 
 
 def _check_alias(alias: str) -> list[CheckMessage]:

@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "LEDGER_IN_CALLERS_TRANSACTION": False,
     # {job name: {"period": "daily", "grace": seconds}}: jobs watched for overdue slots.
     "JOBS": {},
+    # {entry name: {"command" or "callable", "cron" or "every", ...}}: see manage.py run_jobs.
+    "SCHEDULE": {},
     # None, or "opentelemetry": record metrics through the OpenTelemetry API.
     "METRICS": None,
     # LockBusyMiddleware's answer to a view that raised LockNotAcquired.

@@ -334,17 +334,7 @@ def mark_abandoned(
 
 def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
     """Mark a running ``run`` abandoned if its lock proves its owner gone; True if marked."""
-    from advisory_lock.locks import advisory_lock
-
-    if not run.lock_key:
-        return False  # a row from before locks were recorded: only --force can end it
-    if held is not None and run.lock_key == held.identity:
-        orphaned = True  # we hold the lock that guards it: its owner can't be running
-    else:
-        key = LockKey.from_identity(run.lock_key)
-        with advisory_lock(key, using=direct_alias(using), wait=False, scope="session") as lock:
-            orphaned = lock.acquired
-    marked = orphaned and bool(
+    marked = is_orphaned(using, run, held) and bool(
         JobRun.objects.using(using)
         .filter(pk=run.pk, status=Status.RUNNING)
         .update(status=Status.ABANDONED)
@@ -353,6 +343,20 @@ def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
         vendor = connections[using].vendor
         metrics.recorder.job_run("abandoned", run.job_name, vendor, using)
     return marked
+
+
+def is_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
+    """Has ``run`` lost its owner? True when the lock that guards it is free (or held by the
+    caller: ``held``)."""
+    from advisory_lock.locks import advisory_lock
+
+    if not run.lock_key:
+        return False  # a row from before locks were recorded: only --force can end it
+    if held is not None and run.lock_key == held.identity:
+        return True  # we hold the lock that guards it: its owner can't be running
+    key = LockKey.from_identity(run.lock_key)
+    with advisory_lock(key, using=direct_alias(using), wait=False, scope="session") as lock:
+        return lock.acquired
 
 
 def describe_taken(taken: JobRun | None) -> str:
@@ -405,3 +409,33 @@ def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
         raise outcome["error"]
     value: T = outcome["value"]
     return value
+
+
+def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
+    """Mark the slot's running rows whose lock is free failed, with ``error``: their run's
+    process died before it could say (the scheduler knows how it ended)."""
+
+    def mark() -> int:
+        marked = 0
+        running = JobRun.objects.using(using).filter(
+            job_name=job_name, period=period, status=Status.RUNNING
+        )
+        for run in running:
+            if is_orphaned(using, run, None):
+                now = inspector_for(connections[using]).database_now()
+                marked += (
+                    JobRun.objects.using(using)
+                    .filter(pk=run.pk, status=Status.RUNNING)
+                    .update(
+                        status=Status.FAILED,
+                        finished_at=now,
+                        duration=now - run.started_at,
+                        error=error[-MAX_ERROR_LENGTH:],
+                    )
+                )
+                if metrics.recorder is not None:
+                    vendor = connections[using].vendor
+                    metrics.recorder.job_run("failed", job_name, vendor, using)
+        return marked
+
+    return write(using, mark)

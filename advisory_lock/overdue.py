@@ -8,11 +8,14 @@ or where it is defined: ``@single_instance(ledger="daily", grace=7200)`` (a comm
 is ``<app_label>.<command>``; a function's ``<module>.<qualname>``). Only declared jobs are
 watched. A job is overdue when the latest slot that ended more than ``grace`` seconds ago,
 by the database server's clock in the ledger's time zone, has no ``succeeded`` run. A
-``once`` job's slot never ends: it is never overdue.
+``once`` job's slot never ends: it is never overdue. A scheduled entry with a ``grace``
+(``ADVISORY_LOCK["SCHEDULE"]``) is declared too: its latest slot that fell due more than
+``grace`` ago must have succeeded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +27,8 @@ from advisory_lock.conf import get_setting
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.periods import slot
+from advisory_lock.schedule import Entry
+from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
 
@@ -38,6 +43,22 @@ class Expectation:
     job_name: str
     period: str
     grace: float = 0
+    #: A scheduled job's entry (``ADVISORY_LOCK["SCHEDULE"]``): its slots are its firing times.
+    entry: Entry | None = None
+
+    def latest_slot(self, now: datetime.datetime) -> tuple[str, datetime.datetime] | None:
+        """The slot that should have succeeded by ``now``, and when it ended (None if none).
+
+        A period's slot must succeed within ``grace`` after it ended; a scheduled slot (an
+        instant), within ``grace`` after it fell due.
+        """
+        moment = now - datetime.timedelta(seconds=self.grace)
+        if self.entry is not None:
+            due = next(self.entry.slots_before(moment), None)
+            return None if due is None else (self.entry.slot_name(due), due)
+        if self.period == "once":
+            return None  # the slot of a once job never ends
+        return last_ended_slot(self.period, moment)
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,11 @@ def declared_jobs() -> dict[str, Expectation]:
 
     jobs = dict(_declared_in_code)
     jobs.update((job.job_name, job) for job in declared_command_jobs())
+    with contextlib.suppress(ValueError):  # a bad schedule is the system checks' to report
+        for name, entry in schedule_entries().items():
+            if entry.grace is not None:
+                schedule = entry.cron or f"every {entry.every:g}s"
+                jobs[name] = Expectation(name, schedule, entry.grace, entry)
     for job_name, entry in get_setting("JOBS").items():
         if not job_problems(job_name, entry):
             jobs[job_name] = Expectation(job_name, entry["period"], entry.get("grace", 0))

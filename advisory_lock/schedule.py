@@ -1,0 +1,223 @@
+"""The schedule: ``ADVISORY_LOCK["SCHEDULE"]``, its entries and their slots.
+
+An entry runs a management command (``command``, optional ``args``) or an importable callable
+(``callable``), on a cron expression (``cron``, five fields, in the ledger's time zone) or every
+``every`` seconds (the multiples of ``every`` since the Unix epoch). Each firing time is a slot
+of the ``job_runs`` ledger: job name = the entry's name, period = the slot's start in ISO 8601
+in the ledger's time zone (with seconds when ``every`` is below a minute, and the UTC offset
+in the hour that repeats when DST ends), so that it succeeds at most once fleet-wide.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from advisory_lock.conf import get_setting
+from advisory_lock.periods import ledger_time_zone
+from advisory_lock.validation import check_seconds
+
+OPTIONS = (
+    "command",
+    "args",
+    "callable",
+    "cron",
+    "every",
+    "catch_up",
+    "retries",
+    "timeout",
+    "grace",
+)
+CATCH_UP = ("latest", "all", "none")
+#: At most this many missed slots are run by one scheduler pass with ``catch_up="all"``.
+MAX_CATCH_UP = 100
+UTC = datetime.timezone.utc
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One scheduled job."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    callable: str | None = None
+    cron: str | None = None
+    every: float | None = None
+    catch_up: str = "latest"
+    retries: int = 1
+    timeout: float | None = None
+    grace: float | None = None
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two slots (for cron: 60 s, its finest step)."""
+        return self.every if self.every is not None else 60.0
+
+    def lock_key(self) -> str:
+        return f"schedule:{self.name}"
+
+    def slots_before(self, moment: datetime.datetime) -> Iterator[datetime.datetime]:
+        """The entry's slots at or before ``moment``, newest first (aware, UTC)."""
+        if self.every is not None:
+            step = datetime.timedelta(seconds=self.every)
+            epoch = datetime.datetime(1970, 1, 1, tzinfo=UTC)
+            current = epoch + step * int((moment - epoch) / step)
+            while True:
+                yield current
+                current -= step
+        else:
+            from cronsim import CronSim
+
+            # cronsim yields firing times strictly before its start when reversed.
+            start = (moment + datetime.timedelta(seconds=1)).astimezone(ledger_time_zone())
+            for firing in CronSim(self.cron or "", start.replace(microsecond=0), reverse=True):
+                if firing <= moment:
+                    yield firing.astimezone(UTC)
+
+    def next_slot(self, moment: datetime.datetime) -> datetime.datetime:
+        """The entry's first slot after ``moment`` (aware, UTC)."""
+        if self.every is not None:
+            return next(self.slots_before(moment)) + datetime.timedelta(seconds=self.every)
+        from cronsim import CronSim
+
+        start = moment.astimezone(ledger_time_zone()).replace(microsecond=0)
+        return next(iter(CronSim(self.cron or "", start))).astimezone(UTC)
+
+    def slot_name(self, slot: datetime.datetime) -> str:
+        """The ledger period of ``slot``: its start in ISO 8601, in the ledger's time zone."""
+        local = slot.astimezone(ledger_time_zone())
+        name = local.strftime("%Y-%m-%dT%H:%M:%S" if self.interval < 60 else "%Y-%m-%dT%H:%M")
+        # The hour that repeats when DST ends: its second pass gets its offset, a slot of its own.
+        return name + local.strftime("%z") if local.fold else name
+
+    def target(self) -> Callable[[], Any]:
+        """What a run calls: the command with its arguments, or the callable."""
+        if self.command is not None:
+            from django.core.management import call_command
+
+            command, args = self.command, self.args
+            return lambda: call_command(command, *args)
+        return import_string(self.callable or "")  # type: ignore[no-any-return]
+
+
+def entries() -> dict[str, Entry]:
+    """The schedule's entries (raises ValueError naming the first bad one: the system
+    checks report them all, and ``run_jobs`` refuses to start on a bad schedule)."""
+    found = {}
+    for name, options in get_setting("SCHEDULE").items():
+        problems = entry_problems(name, options)
+        if problems:
+            raise ValueError(problems[0])
+        found[name] = _entry(name, options)
+    return found
+
+
+def _entry(name: str, options: dict[str, Any]) -> Entry:
+    return Entry(
+        name=name,
+        command=options.get("command"),
+        args=tuple(options.get("args", ())),
+        callable=options.get("callable"),
+        cron=options.get("cron"),
+        every=float(options["every"]) if "every" in options else None,
+        catch_up=options.get("catch_up", "latest"),
+        retries=options.get("retries", 1),
+        timeout=options.get("timeout"),
+        grace=options.get("grace"),
+    )
+
+
+def entry_problems(name: object, options: object) -> list[str]:
+    """What is wrong with one SCHEDULE entry (for the system checks); empty if it is fine."""
+    if not isinstance(name, str) or not name.strip():
+        return [
+            f"ADVISORY_LOCK['SCHEDULE'] has an entry name that is not a non-blank str: {name!r}."
+        ]
+    where = f"ADVISORY_LOCK['SCHEDULE'][{name!r}]"
+    if not isinstance(options, dict):
+        return [f"{where} must be a dict (command or callable, cron or every), not {options!r}."]
+    problems = []
+    unknown = sorted(set(options) - set(OPTIONS), key=str)
+    if unknown:
+        problems.append(
+            f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
+            f"{', '.join(OPTIONS)}."
+        )
+    if ("command" in options) == ("callable" in options):
+        problems.append(f"{where} needs exactly one of 'command' and 'callable'.")
+    elif "command" in options:
+        problems += _command_problems(where, options)
+    elif not _importable(options["callable"]):
+        problems.append(
+            f"{where}['callable'] = {options['callable']!r} can't be imported (a dotted path "
+            f"to a function, e.g. 'feeds.jobs.poll')."
+        )
+    if ("cron" in options) == ("every" in options):
+        problems.append(f"{where} needs exactly one of 'cron' and 'every'.")
+    elif "cron" in options:
+        problems += _cron_problems(where, options["cron"])
+    else:
+        every = options["every"]
+        if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 1:
+            problems.append(f"{where}['every'] must be a number of seconds >= 1, not {every!r}.")
+    if options.get("catch_up", "latest") not in CATCH_UP:
+        problems.append(
+            f"{where}['catch_up'] must be one of {', '.join(map(repr, CATCH_UP))}, not "
+            f"{options['catch_up']!r}."
+        )
+    retries = options.get("retries", 1)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        problems.append(f"{where}['retries'] must be a whole number >= 0, not {retries!r}.")
+    for seconds in ("timeout", "grace"):
+        if options.get(seconds) is not None:
+            try:
+                check_seconds(seconds, options[seconds], allow_zero=seconds == "grace")
+            except ValueError as error:
+                problems.append(f"{where}: {error}")
+    return problems
+
+
+def _command_problems(where: str, options: dict[str, Any]) -> list[str]:
+    from django.core.management import get_commands
+
+    problems = []
+    if options["command"] not in get_commands():
+        problems.append(f"{where}['command'] = {options['command']!r} is not a known command.")
+    args = options.get("args", [])
+    if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
+        problems.append(f"{where}['args'] must be a list of strings, not {args!r}.")
+    return problems
+
+
+def _cron_problems(where: str, cron: object) -> list[str]:
+    if importlib.util.find_spec("cronsim") is None:
+        return [
+            f"{where} uses 'cron', which needs cronsim: "
+            f"pip install 'django-advisory-lock[schedule]'."
+        ]
+    from cronsim import CronSim
+    from cronsim import CronSimError
+
+    if not isinstance(cron, str) or len(cron.split()) != 5:
+        return [f"{where}['cron'] must be five fields, e.g. '0 3 * * *', not {cron!r}."]
+    try:
+        CronSim(cron, datetime.datetime.now(UTC))
+    except CronSimError as error:
+        return [f"{where}['cron'] = {cron!r} is not a valid cron expression: {error}."]
+    return []
+
+
+def _importable(path: object) -> bool:
+    if not isinstance(path, str):
+        return False
+    try:
+        return callable(import_string(path))
+    except ImportError:
+        return False

@@ -1,0 +1,325 @@
+"""The scheduler behind ``manage.py run_jobs``: safe to run on every instance of a fleet.
+
+Every scheduler computes the due slots of every entry from the database server's clock (so
+skewed hosts agree) and runs each in a child process. The child takes the entry's lock on a
+connection of its own and claims the slot in the ledger (``GuardedRun``): whatever the number
+of schedulers, a slot succeeds at most once. A child that dies (a crash, SIGKILL, a timeout)
+leaves its row ``running`` under a free lock; the scheduler records it ``failed``. A child
+never outlives its scheduler: it watches a pipe whose other end only the scheduler holds, and
+kills itself when that pipe closes, so a retry can never overlap an orphan.
+
+Which due slots run (``catch_up``): ``"latest"`` runs the most recent due slot; ``"all"``
+runs each slot that fell due with no run, oldest first (at most 100 a pass), but none from
+before the entry's first run; ``"none"`` runs the most recent due slot only if it fell due
+less than one interval ago (cron: 60 s). A new entry's first run is its most recent due slot.
+A failed or abandoned slot is run again, ``retries`` more times, while it is still the most
+recent due slot.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from django.db import connections
+
+from advisory_lock.backends import inspector_for
+from advisory_lock.models import JobRun
+from advisory_lock.schedule import MAX_CATCH_UP
+from advisory_lock.schedule import Entry
+
+logger = logging.getLogger("advisory_lock")
+Status = JobRun.Status
+#: Exit status of a child that did not run: the entry's lock was busy, or the slot taken.
+SKIPPED = 3
+_LOOP = 0.2  # seconds between two looks at the clock while idle
+
+
+@dataclass
+class Child:
+    """A job process: the entry and slot it runs, and when it started."""
+
+    entry: Entry
+    slot: str
+    process: BaseProcess
+    pipe: int  # the write end of the pipe the child watches: closed, it kills itself
+    started: float
+    stopped_because: str = ""
+
+
+class Scheduler:
+    """Runs the due slots of ``entries`` on the ledger of the database ``using``."""
+
+    def __init__(
+        self,
+        entries: dict[str, Entry],
+        *,
+        using: str = "default",
+        stop_grace: float = 30,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.entries = entries
+        self.using = using
+        self.stop_grace = stop_grace
+        self.say = say
+        self.children: dict[str, Child] = {}
+        self.failed = 0
+        self.stopping = False
+        # Slots known done (succeeded, or out of retries): not looked up again.
+        self._settled: set[tuple[str, str]] = set()
+
+    # Running.
+
+    def run_forever(self) -> None:
+        """Run each slot when it falls due, until SIGTERM or SIGINT; then stop the children
+        (after ``stop_grace`` seconds) and record how they ended."""
+        previous = {
+            signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            while not self.stopping:
+                self.start_due()
+                self.reap()
+                time.sleep(_LOOP)
+        finally:
+            self.shut_down()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def run_once(self) -> int:
+        """Run what is due now, wait for it, and return the exit status (1 if a run failed)."""
+        pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
+        while any(pending.values()) or self.children:
+            for name, slots in pending.items():
+                if slots and name not in self.children:
+                    self.start(self.entries[name], slots.pop(0))
+            self.reap()
+            time.sleep(_LOOP / 4)
+        return 1 if self.failed else 0
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
+        self.stopping = True
+
+    def start_due(self) -> None:
+        now = self.now()
+        for name, entry in self.entries.items():
+            if name in self.children:
+                continue  # one run of an entry at a time
+            slots = self.due_slots(entry, now)
+            if slots:
+                self.start(entry, slots[0])
+
+    def now(self) -> datetime.datetime:
+        """The database server's clock."""
+        return inspector_for(connections[self.using]).database_now()
+
+    # Which slots.
+
+    def due_slots(self, entry: Entry, now: datetime.datetime) -> list[str]:
+        """The slots of ``entry`` to run now, oldest first, by its ``catch_up``."""
+        latest = next(entry.slots_before(now), None)
+        if latest is None:
+            return []
+        if entry.catch_up == "none" and (now - latest).total_seconds() >= entry.interval:
+            candidates = []
+        elif entry.catch_up == "all":
+            candidates = self._missed(entry, latest)
+        else:
+            candidates = [latest]
+        latest_name = entry.slot_name(latest)
+        return [
+            name
+            for name in (entry.slot_name(slot) for slot in candidates)
+            if self._wants_run(entry, name, latest=name == latest_name)
+        ]
+
+    def _missed(self, entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:
+        """The slots up to ``latest`` that have no run, oldest first: at most MAX_CATCH_UP,
+        and none from before the entry's first run."""
+        runs = JobRun.objects.using(self.using).filter(job_name=entry.name)
+        first = runs.order_by("started_at").values_list("period", flat=True).first()
+        if first is None:
+            return [latest]  # a new entry: its first run is its most recent due slot
+        names: dict[str, datetime.datetime] = {}
+        for slot in entry.slots_before(latest):
+            name = entry.slot_name(slot)
+            if name == first or len(names) == 10 * MAX_CATCH_UP:
+                break
+            names[name] = slot
+        seen = set(runs.filter(period__in=list(names)).values_list("period", flat=True))
+        missed = [slot for name, slot in names.items() if name not in seen][:MAX_CATCH_UP]
+        return sorted(missed)
+
+    def _wants_run(self, entry: Entry, slot: str, *, latest: bool) -> bool:
+        if (entry.name, slot) in self._settled:
+            return False
+        last = (
+            JobRun.objects.using(self.using)
+            .filter(job_name=entry.name, period=slot)
+            .order_by("-attempt")
+            .first()
+        )
+        if last is None:
+            return True
+        if last.status == Status.SUCCEEDED:
+            self._settled.add((entry.name, slot))
+            return False
+        if last.status == Status.RUNNING:
+            # Running elsewhere, unless its lock is free (its owner died): then a child's
+            # claim marks it abandoned and runs the slot again.
+            from advisory_lock.ledger import is_orphaned
+
+            return latest and last.attempt <= entry.retries and is_orphaned(self.using, last, None)
+        if latest and last.attempt <= entry.retries:
+            return True  # failed or abandoned: run it again while it is the latest
+        self._settled.add((entry.name, slot))
+        return False
+
+    # Children.
+
+    def start(self, entry: Entry, slot: str) -> None:
+        """Run ``entry``'s ``slot`` in a child process."""
+        # The child must not share this process's database sockets: close them first (they
+        # reopen on use), and keep this process free of threads while it forks.
+        connections.close_all()
+        read_end, write_end = os.pipe()
+        context = multiprocessing.get_context("fork")
+        process = context.Process(
+            target=_child, args=(entry, slot, self.using, read_end, write_end), name=entry.name
+        )
+        process.start()
+        os.close(read_end)
+        self.children[entry.name] = Child(entry, slot, process, write_end, time.monotonic())
+        self.say(f"run_jobs: {entry.name} [{slot}] started (pid {process.pid}).")
+
+    def reap(self) -> None:
+        """Record the runs that ended; stop those past their timeout."""
+        for name, child in list(self.children.items()):
+            process = child.process
+            timeout = child.entry.timeout
+            if process.is_alive():
+                if timeout is not None and time.monotonic() - child.started > timeout:
+                    self.kill(child, f"stopped after its timeout of {timeout:g}s")
+                continue
+            process.join()
+            os.close(child.pipe)
+            del self.children[name]
+            self._ended(child, process.exitcode)
+
+    def kill(self, child: Child, because: str) -> None:
+        child.stopped_because = because
+        child.process.kill()  # SIGKILL: its connections die, and the database frees its lock
+        child.process.join()
+
+    def _ended(self, child: Child, exitcode: int | None) -> None:
+        run = f"{child.entry.name} [{child.slot}]"
+        if exitcode == 0:
+            self.say(f"run_jobs: {run} succeeded.")
+            return
+        if exitcode == SKIPPED:
+            self.say(f"run_jobs: {run} skipped (running elsewhere, or done).")
+            return
+        self.failed += 1
+        if exitcode == 1:
+            self.say(f"run_jobs: {run} failed.")
+            return  # the child recorded it
+        from advisory_lock.ledger import fail_orphaned
+
+        how = child.stopped_because or f"its process died (exit status {exitcode})"
+        marked = fail_orphaned(self.using, child.entry.name, child.slot, f"The run {how}.")
+        self.say(f"run_jobs: {run} failed: {how}" + ("" if marked else " (not recorded)"))
+
+    def shut_down(self) -> None:
+        """Let the running children finish for up to ``stop_grace`` seconds, then kill them;
+        every run ends recorded, and no lock is left held."""
+        deadline = time.monotonic() + self.stop_grace
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(_LOOP / 4)
+        for child in list(self.children.values()):
+            self.kill(child, "stopped with the scheduler")
+        self.reap()
+
+    # Listing.
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Each entry with its next run and its last run, for ``run_jobs --list``."""
+        now = self.now()
+        rows = []
+        for name, entry in self.entries.items():
+            last = (
+                JobRun.objects.using(self.using)
+                .filter(job_name=name)
+                .order_by("-started_at")
+                .first()
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "schedule": entry.cron if entry.cron else f"every {entry.every:g}s",
+                    "next_run": entry.next_slot(now).isoformat(),
+                    "next_slot": entry.slot_name(entry.next_slot(now)),
+                    "last_slot": last.period if last else None,
+                    "last_status": last.status if last else None,
+                    "last_started": last.started_at.isoformat() if last else None,
+                    "last_duration": last.duration.total_seconds()
+                    if last and last.duration
+                    else None,
+                }
+            )
+        return rows
+
+
+def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -> None:
+    """The job process: dies with its scheduler; takes the entry's lock, claims the slot, runs
+    the job, records its end; exits 0 (succeeded), 1 (failed) or SKIPPED."""
+    from advisory_lock.single_instance import GuardedRun
+
+    os.close(write_end)
+
+    def die_with_the_scheduler() -> None:
+        while os.read(read_end, 1):  # nothing is ever written: this returns at EOF
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=die_with_the_scheduler, daemon=True).start()
+    # Default handlers: SIGTERM ends the run through GuardedRun's own handlers.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(
+            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
+        )
+    run = GuardedRun(
+        entry.lock_key(),
+        using=using,
+        label=entry.name,
+        period=lambda _now: slot,
+        retry_failed=True,
+    )
+    if not run.start():
+        logger.info("%s", run.skipped)
+        _exit(SKIPPED)
+    try:
+        entry.target()()
+    except BaseException as exc:
+        run.end(exc)
+        logger.error("%s [%s] failed: %r", entry.name, slot, exc)
+        _exit(1)
+    run.end(None)
+    _exit(0)
+
+
+def _exit(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

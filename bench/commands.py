@@ -113,7 +113,7 @@ def watchdog_statements_per_minute(url: str, heartbeat: float, seconds: float) -
     """Count the statements on a held lock's own connection while its watchdog runs."""
     from django.db import connections
 
-    from advisory_lock.locks import DedicatedLock
+    from advisory_lock.dedicated import DedicatedLock
     from testproject.database_url import parse
 
     connections.settings["bench"] = connections.configure_settings(

@@ -71,7 +71,8 @@ from django.db import connections  # noqa: E402
 
 from advisory_lock import AdvisoryLockError  # noqa: E402
 from advisory_lock import advisory_lock  # noqa: E402
-from advisory_lock.backends import get_backend  # noqa: E402
+from advisory_lock.backends.sqlite import lock_folder  # noqa: E402
+from advisory_lock.holds import connection_locks  # noqa: E402
 from advisory_lock.keys import MAX_REMEMBERED_NAMES  # noqa: E402
 from advisory_lock.keys import make_key  # noqa: E402
 from advisory_lock.keys import recent_names  # noqa: E402
@@ -182,7 +183,8 @@ def lock_folder_usage(folder: Path) -> tuple[int, int, int]:
 def memory_run(alias: str, kind: str, cycles: int) -> tuple[list[str], dict[str, Any]]:
     key = (lambda i: f"key-{i}") if kind == "str" else (lambda i: K + i)
     offset = 0 if kind == "str" else 10**7  # fresh keys in each run
-    backend = get_backend(connections[alias])
+    locks = connection_locks(connections[alias])
+    backend = locks.backend
     with advisory_lock(key(offset - 1), using=alias):  # connect, caches: before measuring
         pass
     marks = [cycles * share // 4 for share in range(5)]
@@ -210,7 +212,7 @@ def memory_run(alias: str, kind: str, cycles: int) -> tuple[list[str], dict[str,
         rows.append(
             f"| {alias_name(alias)} | {kind} | {mark:,} ({mark * 100 // cycles} %) "
             f"| {current / 1024:,.1f} | {peak / 1024:,.1f} | {rss_mib():,.1f} "
-            f"| {len(recent_names())} | {len(backend.session_holds)} / {holds} "
+            f"| {len(recent_names())} | {len(locks.session_holds)} / {holds} "
             f"| {elapsed:,.1f} |"
         )
     last = tracemalloc.take_snapshot()
@@ -245,7 +247,7 @@ def fifo_or_lru() -> str:
 
 
 def memory(cycles: int, pg_cycles: int) -> str:
-    lock_dir = get_backend(connections["default"]).lock_dir()
+    lock_dir = Path(lock_folder(connections["default"]))
     lines = [
         "### Memory: acquire + release on a new key every cycle (`with advisory_lock(key)`)",
         "",

@@ -6,8 +6,8 @@ N processes loop on one key as in bench/contention.py: try without waiting; on s
 ``--work-us`` of busy CPU (the O_EXCL marker checks for overlaps) and release. Variants:
 
 - raw MySQLdb: ``GET_LOCK(name, 0)`` / ``RELEASE_LOCK`` on a cursor;
-- backend: the library's connection lookup (``backends.backend_for``), then the backend's
-  ``acquire`` and ``release``, called directly (no ``with``, no lock object, no handle);
+- backend: the library's connection lookup (``connection_locks(connections[alias])``), then
+  the backend's ``acquire`` and ``release``, called directly (no ``with``, no lock object, no handle);
 - reused lock: one ``advisory_lock(k, using=..., wait=False)`` per process, ``with lock as h``
   each time;
 - advisory_lock: ``with advisory_lock(k, using=..., wait=False) as h`` each time, as a view or
@@ -38,7 +38,7 @@ from servers import MY
 from servers import MY_PARAMS
 
 from advisory_lock import advisory_lock
-from advisory_lock.backends import backend_for
+from advisory_lock.holds import connection_locks
 
 RAW, BACKEND, REUSED, LIBRARY = "raw MySQLdb", "backend", "reused lock", "advisory_lock"
 VARIANTS = [RAW, BACKEND, REUSED, LIBRARY]
@@ -47,7 +47,7 @@ KEY = K + 500
 
 def loop(variant: str, end: float, marker: str, work: float) -> tuple[int, int, int, float]:
     """Run ``variant`` until ``end``; return (acquisitions, tries, overlaps, seconds)."""
-    backend = backend_for(MY)
+    backend = connection_locks(connections[MY]).backend
     lock_key = advisory_lock(KEY).lock_key
     name = backend.db_key(lock_key)
     acquired = tries = overlaps = 0
@@ -67,10 +67,10 @@ def loop(variant: str, end: float, marker: str, work: float) -> tuple[int, int, 
                 fetchone()
     elif variant == BACKEND:
         while time.monotonic() < end:
-            backend = backend_for(MY)
+            backend = connection_locks(connections[MY]).backend
             db_key = backend.db_key(lock_key)
             tries += 1
-            if backend.acquire(db_key, shared=False, transaction=False, timeout=0):
+            if backend.acquire(db_key, shared=False, timeout=0, transaction=False):
                 acquired += 1
                 overlaps += critical_section(marker, work)
                 backend.release(db_key, shared=False)

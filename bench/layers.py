@@ -7,7 +7,8 @@ N processes loop on one key as in bench/contention.py: try without waiting; on s
 
 - raw MySQLdb: ``GET_LOCK(name, 0)`` / ``RELEASE_LOCK`` on a cursor;
 - backend: the library's connection lookup (``connection_locks(connections[alias])``), then
-  the backend's ``acquire`` and ``release``, called directly (no ``with``, no lock object, no handle);
+  the backend's ``acquire`` and ``release``, called directly (no ``with``, no lock object,
+  no handle);
 - reused lock: one ``advisory_lock(k, using=..., wait=False)`` per process, ``with lock as h``
   each time;
 - advisory_lock: ``with advisory_lock(k, using=..., wait=False) as h`` each time, as a view or

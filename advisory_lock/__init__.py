@@ -7,6 +7,7 @@ from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.locks import AdvisoryLock
 from advisory_lock.locks import LockHandle
 from advisory_lock.locks import advisory_lock
+from advisory_lock.signals import job_overdue
 from advisory_lock.signals import lock_acquired
 from advisory_lock.signals import lock_busy
 from advisory_lock.signals import lock_lost
@@ -45,6 +46,7 @@ __all__ = [
     "SingleInstanceMixin",
     "advisory_lock",
     "held_locks",
+    "job_overdue",
     "lock_acquired",
     "lock_busy",
     "lock_lost",

@@ -65,7 +65,7 @@ class DedicatedLock:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
-        self._checker: threading.Thread | None = None
+        self._checkers: set[threading.Thread] = set()  # checks still waiting for an answer
 
     def acquire(self, wait: float) -> bool:
         """Take the lock, waiting at most ``wait`` seconds (0: try once)."""
@@ -114,8 +114,11 @@ class DedicatedLock:
             raise LockLost(self.lost_message())
 
     def verify(self, timeout: float = 10) -> bool:
-        """Is the lock still held? Asks the database (one statement), within ``timeout``."""
-        return not self.lost and self._held_within(timeout)
+        """Is the lock still held? Asks the database (one statement), within ``timeout``. A
+        lock this can't prove held counts as lost from then on."""
+        if not self.lost and not self._held_within(timeout):
+            self.lost = True
+        return not self.lost
 
     def watch(self, heartbeat: float, on_lost: Callable[[], None]) -> None:
         """Check every ``heartbeat`` seconds (one statement) that the lock is still held;
@@ -148,12 +151,17 @@ class DedicatedLock:
                     answer.append(self.backend.is_held(self.db_key))
             except Exception:
                 answer.append(False)
+            finally:
+                self._checkers.discard(checker)
 
-        self._checker = threading.Thread(
+        # Each check has its own thread (the watchdog's and verify()'s may overlap; the mutex
+        # keeps their statements apart), remembered until it ends: see close().
+        checker = threading.Thread(
             target=check, name=f"advisory_lock:{self.label}:check", daemon=True
         )
-        self._checker.start()
-        self._checker.join(seconds)
+        self._checkers.add(checker)
+        checker.start()
+        checker.join(seconds)
         return bool(answer and answer[0])
 
     def stop_watching(self) -> None:
@@ -196,7 +204,7 @@ class DedicatedLock:
     def close(self) -> None:
         """Close the lock's connection, which drops whatever it still holds. A check still
         waiting on a silent network owns the connection: it goes with the process."""
-        if self._checker is None or not self._checker.is_alive():
+        if not self._checkers:
             try:
                 self.connection.close()
             except DatabaseError:

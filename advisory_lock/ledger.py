@@ -190,7 +190,9 @@ def claim(
         lock.close()
         return None, None
     try:
-        run, taken = claim_slot(using, job_name, period, retry_failed, held=lock.key)
+        run, taken = claim_slot(
+            using, job_name, period, retry_failed, held=lock.key, still_held=lock.verify
+        )
     except BaseException:
         lock.close()
         raise
@@ -202,15 +204,30 @@ def claim(
 
 
 def claim_slot(
-    using: str, job_name: str, period: Period, retry_failed: bool, *, held: LockKey
+    using: str,
+    job_name: str,
+    period: Period,
+    retry_failed: bool,
+    *,
+    held: LockKey,
+    still_held: Callable[[], bool] | None = None,
 ) -> tuple[JobRun | None, JobRun | None]:
     """Claim ``job_name``'s current slot, guarded by the lock ``held`` (which the caller
-    holds): (the new running run, None), or (None, the slot's latest run when taken)."""
-    return write(using, lambda: _claim(using, job_name, period, retry_failed, held))
+    holds): (the new running run, None), or (None, the slot's latest run when taken).
+
+    ``still_held`` asks the database whether the caller still holds it: holding it proves a
+    running row under the same lock orphaned, so that proof is checked when it is used.
+    """
+    return write(using, lambda: _claim(using, job_name, period, retry_failed, held, still_held))
 
 
 def _claim(
-    using: str, job_name: str, period: Period, retry_failed: bool, held: LockKey
+    using: str,
+    job_name: str,
+    period: Period,
+    retry_failed: bool,
+    held: LockKey,
+    still_held: Callable[[], bool] | None = None,
 ) -> tuple[JobRun | None, JobRun | None]:
     now = inspector_for(connections[using]).database_now()
     this_slot = slot(period, now)
@@ -238,7 +255,7 @@ def _claim(
         if latest is None:
             continue  # pruned meanwhile
         if latest.status == Status.RUNNING:
-            if not _abandon_if_orphaned(using, latest, held):
+            if not _abandon_if_orphaned(using, latest, held, still_held):
                 return None, latest
             latest.status = Status.ABANDONED
         if latest.status == Status.SUCCEEDED or not retry_failed:
@@ -332,9 +349,14 @@ def mark_abandoned(
     return write(using, mark)
 
 
-def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
+def _abandon_if_orphaned(
+    using: str,
+    run: JobRun,
+    held: LockKey | None,
+    still_held: Callable[[], bool] | None = None,
+) -> bool:
     """Mark a running ``run`` abandoned if its lock proves its owner gone; True if marked."""
-    marked = is_orphaned(using, run, held) and bool(
+    marked = is_orphaned(using, run, held, still_held) and bool(
         JobRun.objects.using(using)
         .filter(pk=run.pk, status=Status.RUNNING)
         .update(status=Status.ABANDONED)
@@ -345,15 +367,27 @@ def _abandon_if_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
     return marked
 
 
-def is_orphaned(using: str, run: JobRun, held: LockKey | None) -> bool:
+def is_orphaned(
+    using: str,
+    run: JobRun,
+    held: LockKey | None,
+    still_held: Callable[[], bool] | None = None,
+) -> bool:
     """Has ``run`` lost its owner? True when the lock that guards it is free (or held by the
-    caller: ``held``)."""
+    caller: ``held``, proven by ``still_held`` when given)."""
     from advisory_lock.locks import advisory_lock
 
     if not run.lock_key:
         return False  # a row from before locks were recorded: only --force can end it
     if held is not None and run.lock_key == held.identity:
-        return True  # we hold the lock that guards it: its owner can't be running
+        # We hold the lock that guards it, so its owner can't be running under it: as long
+        # as we still do (a lock lost since it was taken proves nothing).
+        if still_held is not None and not still_held():
+            raise LockLost(
+                f"{run.job_name}: the lock {held.label} was lost before slot {run.period} "
+                f"could be claimed."
+            )
+        return True
     key = LockKey.from_identity(run.lock_key)
     with advisory_lock(key, using=direct_alias(using), wait=False, scope="session") as lock:
         return lock.acquired

@@ -305,6 +305,7 @@ def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -
         label=entry.name,
         period=lambda _now: slot,
         retry_failed=True,
+        owns_process=True,
     )
     if not run.start():
         logger.info("%s", run.skipped)

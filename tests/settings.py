@@ -100,3 +100,8 @@ if find_spec("django_tasks_db") and (django.VERSION >= (6, 0) or find_spec("djan
     if django.VERSION < (6, 0):
         INSTALLED_APPS.append("django_tasks")
     TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": []}}
+
+# The testing kit's example app: what a project writes, tested with advisory_lock.testing
+# (tests/kitapp/tests.py with TestCase, tests/test_testing_kit.py with pytest-django).
+if "tests.kitapp" not in INSTALLED_APPS:
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.kitapp"]

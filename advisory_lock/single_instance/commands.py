@@ -82,6 +82,7 @@ class SingleInstanceMixin:
             heartbeat=self.lock_heartbeat,
             on_lost=_setting(self, "lock_on_lost"),
             period=_setting(self, "lock_ledger"),
+            owns_process=True,
         )
         if not guarded.start():
             return self._skip(guarded.skipped, options)

@@ -11,6 +11,7 @@ latest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -61,8 +62,11 @@ class GuardedRun:
         on_lost: OnLost = "raise",
         period: Period | None = None,
         retry_failed: bool = True,
+        owns_process: bool = False,
     ) -> None:
         self.key = make_key(key)
+        #: A command owns its process: SIGTERM and SIGINT end its run (see below).
+        self.owns_process = owns_process
         self.using = using
         self.label = label
         self.wait = wait
@@ -84,6 +88,7 @@ class GuardedRun:
         # The ledger needs Django's app registry, which is not ready when this module loads.
         from advisory_lock.ledger import claim_slot
         from advisory_lock.ledger import describe_taken
+        from advisory_lock.ledger import finish
 
         lock = DedicatedLock(self.key, using=self.using, label=self.label)
         if not lock.acquire(self.wait):
@@ -93,7 +98,12 @@ class GuardedRun:
         if self.period is not None:
             try:
                 run, taken = claim_slot(
-                    lock.using, self.label, self.period, self.retry_failed, held=lock.key
+                    lock.using,
+                    self.label,
+                    self.period,
+                    self.retry_failed,
+                    held=lock.key,
+                    still_held=lock.verify,
                 )
             except BaseException:
                 lock.close()  # closing the connection releases the lock
@@ -107,11 +117,18 @@ class GuardedRun:
                 return False
             run.lock = lock
             self.run = run
+            if not lock.verify(self.heartbeat):
+                # Lost between the try and the claim: the body must not start unguarded.
+                lost = LockLost(lock.lost_message())
+                with contextlib.suppress(Exception):
+                    finish(lock.using, run, error=f"{lost} (before the job started)")
+                lock.close()
+                raise lost
         self.lock = lock
         in_main_thread = threading.current_thread() is threading.main_thread()
         lock.watch(self.heartbeat, self._lost_handler(in_main_thread))
         if in_main_thread:
-            self._handlers = _install_signal_handlers(lock, self._interrupted)
+            self._handlers = _install_signal_handlers(lock, self._interrupted, self.owns_process)
         return True
 
     def end(self, exc: BaseException | None) -> None:
@@ -165,9 +182,9 @@ class GuardedRun:
         try:
             lock.release()
         except LockLost as lost:
-            if recorded and not lock.lost:
-                # The fenced end was recorded: nobody took the run over, so nobody ran it
-                # meanwhile; the lock went after the work was done.
+            if recorded and not lock.lost and not self._overlapped():
+                # The fenced end was recorded (nobody took this slot over), and no run of the
+                # job started before it ended: the lock went after the work was done.
                 logger.warning("%s (after the run was recorded)", lost)
             else:
                 problems.append(lost)
@@ -176,6 +193,16 @@ class GuardedRun:
                 raise problems[0]
             for problem in problems:
                 logger.error("%s", problem)
+
+    def _overlapped(self) -> bool:
+        """Did a run of the job (of any slot) start before this one ended? Its lock, lost,
+        let another instance in: the fence covers a slot, the lock the whole job."""
+        from advisory_lock.models import JobRun
+
+        run, lock = self.run, self.lock
+        assert run is not None and lock is not None and run.finished_at is not None
+        later = JobRun.objects.using(lock.using).filter(job_name=run.job_name, pk__gt=run.pk)
+        return later.filter(started_at__lt=run.finished_at).exists()
 
     def _lost_handler(self, in_main_thread: bool) -> Callable[[], None]:
         on_lost, lock = self.on_lost, self.lock
@@ -202,7 +229,26 @@ class GuardedRun:
 # I/O as a SIGINT, which the handler turns into LockLost.
 
 
-def _install_signal_handlers(lock: DedicatedLock, interrupted: list[int]) -> dict[int, Any]:
+def _install_signal_handlers(
+    lock: DedicatedLock, interrupted: list[int], owns_process: bool
+) -> dict[int, Any]:
+    """The run's handlers. A command owns its process: SIGTERM and SIGINT end the run (its end
+    recorded, its lock released) and exit 143 or 130. A function or ``run_once`` runs inside
+    someone else's process (a task queue's worker, a web server): only the watchdog's SIGINT is
+    ours; any other goes on to the handler that was there before."""
+    if not owns_process:
+        previous = signal.getsignal(signal.SIGINT)
+
+        def chained(signum: int, frame: Any) -> None:
+            if lock.lost:
+                raise LockLost(lock.lost_message())
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt  # Python's own default for SIGINT
+
+        return {signal.SIGINT: signal.signal(signal.SIGINT, chained)}
+
     def handler(signum: int, frame: Any) -> None:
         if lock.lost:
             raise LockLost(lock.lost_message())

@@ -188,6 +188,7 @@ def claim(
     lock = DedicatedLock(f"job:{job_name}", using=using, label=job_name)
     if not lock.acquire(0):
         lock.close()
+        record_job_run("skipped", job_name, using)
         return None, None
     try:
         run, taken = claim_slot(
@@ -218,7 +219,25 @@ def claim_slot(
     ``still_held`` asks the database whether the caller still holds it: holding it proves a
     running row under the same lock orphaned, so that proof is checked when it is used.
     """
-    return write(using, lambda: _claim(using, job_name, period, retry_failed, held, still_held))
+    run, taken = write(
+        using, lambda: _claim(using, job_name, period, retry_failed, held, still_held)
+    )
+    if run is None:
+        record_job_run("skipped", job_name, using)
+    return run, taken
+
+
+def record_job_run(status: str, job_name: str, using: str, run: JobRun | None = None) -> None:
+    """Count a run (and its duration, when it has one) in the metrics, if they are on."""
+    if metrics.recorder is not None:
+        duration = run.duration.total_seconds() if run and run.duration else None
+        metrics.recorder.job_run(status, job_name, connections[using].vendor, using, duration)
+
+
+def _savepoint_if_in_transaction(using: str) -> contextlib.AbstractContextManager[object]:
+    if connections[using].in_atomic_block:
+        return transaction.atomic(using=using)
+    return contextlib.nullcontext()
 
 
 def _claim(
@@ -237,16 +256,20 @@ def _claim(
     for _ in range(5):  # a racing claimer may take the attempt we chose: look again
         try:
             # One INSERT; the unique (job, slot, attempt) constraint refuses a taken attempt.
-            run = rows.create(
-                job_name=job_name,
-                period=this_slot,
-                attempt=attempt,
-                status=Status.RUNNING,
-                started_at=now,
-                host=socket.gethostname()[:255],
-                pid=os.getpid(),
-                lock_key=held.identity,
-            )
+            # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) the refusal
+            # must not doom that transaction (PostgreSQL aborts it on any error), so the
+            # INSERT gets a savepoint there; in autocommit it needs none.
+            with _savepoint_if_in_transaction(using):
+                run = rows.create(
+                    job_name=job_name,
+                    period=this_slot,
+                    attempt=attempt,
+                    status=Status.RUNNING,
+                    started_at=now,
+                    host=socket.gethostname()[:255],
+                    pid=os.getpid(),
+                    lock_key=held.identity,
+                )
         except IntegrityError:
             pass
         else:
@@ -302,6 +325,7 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
             f"run's. Nothing was recorded for this run."
         )
     run.refresh_from_db(using=using)
+    record_job_run(run.status, run.job_name, using, run)
 
 
 def assert_current(run: JobRun, using: str | None = None) -> None:

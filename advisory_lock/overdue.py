@@ -109,7 +109,8 @@ def declared_jobs() -> dict[str, Expectation]:
             if entry.grace is not None:
                 schedule = entry.cron or f"every {entry.every:g}s"
                 jobs[name] = Expectation(name, schedule, entry.grace, entry)
-    for job_name, entry in get_setting("JOBS").items():
+    jobs_setting = get_setting("JOBS")
+    for job_name, entry in jobs_setting.items() if isinstance(jobs_setting, dict) else ():
         if not job_problems(job_name, entry):
             jobs[job_name] = Expectation(job_name, entry["period"], entry.get("grace", 0))
     return jobs
@@ -151,11 +152,10 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
     runs = JobRun.objects.using(using)
     overdue = []
     for job in sorted(declared_jobs().values(), key=lambda job: job.job_name):
-        if job.period == "once":
+        latest = job.latest_slot(now)
+        if latest is None:
             continue
-        missing, ended_at = last_ended_slot(
-            job.period, now - datetime.timedelta(seconds=job.grace)
-        )
+        missing, ended_at = latest
         succeeded = runs.filter(job_name=job.job_name, status=JobRun.Status.SUCCEEDED)
         if succeeded.filter(period=missing).exists():
             continue

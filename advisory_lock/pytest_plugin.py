@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.apps import apps
 
 from advisory_lock import testing
 
@@ -45,3 +46,13 @@ def isolated_ledger() -> Iterator[None]:
     its rows are rolled back with the test's."""
     with testing.isolated_ledger:
         yield
+
+
+@pytest.fixture(autouse=True)
+def _advisory_lock_release_test_locks() -> Iterator[None]:
+    """After each test (after pytest-django's rollback, which is torn down first): release the
+    transaction-scoped locks its rolled back transaction left held (see
+    ``testing.release_test_locks``)."""
+    yield
+    if apps.ready:
+        testing.release_test_locks()

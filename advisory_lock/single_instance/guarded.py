@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
-from advisory_lock import metrics
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
@@ -89,11 +88,14 @@ class GuardedRun:
         from advisory_lock.ledger import claim_slot
         from advisory_lock.ledger import describe_taken
         from advisory_lock.ledger import finish
+        from advisory_lock.ledger import record_job_run
 
         lock = DedicatedLock(self.key, using=self.using, label=self.label)
         if not lock.acquire(self.wait):
             self.skipped = lock.busy_message()
             self.busy = True
+            if self.period is not None:
+                record_job_run("skipped", self.label, lock.using)
             return False
         if self.period is not None:
             try:
@@ -111,9 +113,6 @@ class GuardedRun:
             if run is None:
                 lock.close()
                 self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."
-                if metrics.recorder is not None:
-                    vendor = lock.connection.vendor
-                    metrics.recorder.job_run("skipped", self.label, vendor, lock.using)
                 return False
             run.lock = lock
             self.run = run
@@ -161,11 +160,6 @@ class GuardedRun:
                 timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
                 finish(lock.using, self.run, error=error, timeout=timeout)
                 recorded = True
-                if metrics.recorder is not None:
-                    duration = self.run.duration.total_seconds() if self.run.duration else None
-                    status = "failed" if error else "succeeded"
-                    vendor = lock.connection.vendor
-                    metrics.recorder.job_run(status, self.label, vendor, lock.using, duration)
             except LockLost as taken_over:
                 problems.append(taken_over)
             except Exception as failure:

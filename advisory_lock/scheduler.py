@@ -43,6 +43,7 @@ Status = JobRun.Status
 #: Exit status of a child that did not run: the entry's lock was busy, or the slot taken.
 SKIPPED = 3
 _LOOP = 0.2  # seconds between two looks at the clock while idle
+_SWEEP = 60.0  # seconds between two sweeps for abandoned runs
 
 
 @dataclass
@@ -86,8 +87,12 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
+        next_sweep = 0.0
         try:
             while not self.stopping:
+                if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
+                    self.sweep()
+                    next_sweep = time.monotonic() + _SWEEP
                 self.start_due()
                 self.reap()
                 time.sleep(_LOOP)
@@ -106,6 +111,16 @@ class Scheduler:
             self.reap()
             time.sleep(_LOOP / 4)
         return 1 if self.failed else 0
+
+    def sweep(self) -> None:
+        """Mark abandoned the running rows of the schedule's jobs whose lock is free: their
+        scheduler died with them, maybe on a slot no scheduler looks at any more. A running
+        child of ours holds its entry's lock from before its row exists until after its row
+        is no longer ``running``, so its row is never taken for an orphan."""
+        from advisory_lock.ledger import mark_abandoned
+
+        for name in self.entries:
+            mark_abandoned(self.using, job_name=name)
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -294,18 +309,18 @@ def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=die_with_the_scheduler, daemon=True).start()
-    # Default handlers: SIGTERM ends the run through GuardedRun's own handlers.
+    # The scheduler alone stops a job (SIGKILL, after its timeout or its --stop-grace): a
+    # SIGTERM or SIGINT sent to the scheduler's whole process group or cgroup (a terminal's
+    # Ctrl-C, systemd) must not cut the grace short. Its own process group, too.
+    os.setpgid(0, 0)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(
-            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
-        )
+        signal.signal(signum, signal.SIG_IGN)
     run = GuardedRun(
         entry.lock_key(),
         using=using,
         label=entry.name,
         period=lambda _now: slot,
         retry_failed=True,
-        owns_process=True,
     )
     if not run.start():
         logger.info("%s", run.skipped)

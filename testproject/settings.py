@@ -27,6 +27,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # A view that raises LockNotAcquired answers "busy, retry later" (503, Retry-After).
+    "advisory_lock.middleware.LockBusyMiddleware",
 ]
 ROOT_URLCONF = "testproject.urls"
 TEMPLATES = [

@@ -24,12 +24,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-#: The server command line for each kind: gunicorn's sync workers run the WSGI app, uvicorn's
+#: The server command line for each kind: gunicorn's sync workers run the WSGI app (without
+#: gunicorn's control socket, whose one path per user two servers would share), uvicorn's
 #: workers the ASGI app (Django's ASGI handler has no lifespan support: off).
 COMMANDS = {
     "gunicorn": lambda port, workers: [
         *("-m", "gunicorn", "--worker-class", "sync", "--workers", str(workers)),
-        *("--bind", f"{HOST}:{port}", "testproject.wsgi:application"),
+        *("--bind", f"{HOST}:{port}", "--no-control-socket", "testproject.wsgi:application"),
     ],
     "uvicorn": lambda port, workers: [
         *("-m", "uvicorn", "--workers", str(workers), "--host", HOST, "--port", str(port)),
@@ -49,11 +50,12 @@ def free_port() -> int:
 
 @dataclass
 class Answer:
-    """One HTTP response."""
+    """One HTTP response, and the seconds from connecting to its last byte."""
 
     status: int
     headers: dict[str, str]
     body: bytes
+    seconds: float
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -64,11 +66,14 @@ def post(url: str, *, timeout: float = 30.0) -> Answer:
     rest = url.removeprefix("http://")
     address, _, path = rest.partition("/")
     host, _, port = address.partition(":")
+    started = time.perf_counter()
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         connection.request("POST", "/" + path, headers={"Connection": "close"})
         response = connection.getresponse()
-        return Answer(response.status, dict(response.getheaders()), response.read())
+        body = response.read()
+        seconds = time.perf_counter() - started
+        return Answer(response.status, dict(response.getheaders()), body, seconds)
     finally:
         connection.close()
 
@@ -107,7 +112,7 @@ class WebServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once Django answers; fail if the server exits or ``timeout`` runs out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -127,14 +132,19 @@ class WebServer:
             time.sleep(0.1)
         raise RuntimeError(f"{self!r} did not answer within {timeout:g}s:\n{self.output()}")
 
-    def stop(self) -> None:
-        """End the server and its workers: SIGTERM to its process group, SIGKILL if needed."""
-        try:
-            if self.proc.poll() is None:
+    def terminate(self) -> None:
+        """Ask the server and its workers to stop (SIGTERM to its process group); see stop()."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(10)
-            # Workers that outlive their master (or a master that ignored SIGTERM).
+
+    def stop(self) -> None:
+        """End the server and its workers: SIGTERM, then SIGKILL to what is left of them."""
+        try:
+            self.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            # Workers that outlive their master, or a master that ignored SIGTERM.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)

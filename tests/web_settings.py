@@ -11,8 +11,17 @@ import os
 
 from tests.settings import *  # noqa: F403
 from tests.settings import ADVISORY_LOCK
+from tests.settings import LOGGING
 
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+# A 500's traceback goes to the server's output, which a failing test shows.
+LOGGING = {
+    **LOGGING,
+    "loggers": {
+        **LOGGING["loggers"],
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+    },
+}
 
 if busy_response := os.environ.get("ADVISORY_LOCK_TEST_BUSY_RESPONSE"):
     ADVISORY_LOCK = {**ADVISORY_LOCK, "BUSY_RESPONSE": json.loads(busy_response)}

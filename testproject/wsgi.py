@@ -1,0 +1,8 @@
+"""The test project's WSGI application: ``gunicorn testproject.wsgi:application``."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+application = get_wsgi_application()

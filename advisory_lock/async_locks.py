@@ -15,11 +15,18 @@ The lock runs there too, so that the lock and the ORM calls of a block share a c
 
 Cancellation can't stop a call already running in that thread: the call is awaited to the
 end, its lock released if it took one, and the cancellation raised after.
+
+Waits are first come, first served among an event loop's tasks: a task whose first try finds
+the lock busy joins the lock's queue, only the queue's first task keeps trying, and a release
+by a task of the same loop wakes it at once. Without a queue, a task that has waited longest
+(and so pauses longest between tries) would keep losing the lock to newcomers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
 from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -36,7 +43,17 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _FIRST_PAUSE = 0.002
-_LONGEST_PAUSE = 0.05
+_LONGEST_PAUSE = 0.025
+
+#: Per event loop, per (alias, lock): the tasks waiting for it, first come first.
+_Queues = dict[tuple[str, str], deque[asyncio.Event]]
+_queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queues] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _queue_key(lock: AdvisoryLock) -> tuple[str, str]:
+    return lock.using, lock.lock_key.identity
 
 
 async def async_acquire(lock: AdvisoryLock) -> LockHandle:
@@ -45,32 +62,73 @@ async def async_acquire(lock: AdvisoryLock) -> LockHandle:
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = None if lock._timeout is None else started + lock._timeout
-    pause = _FIRST_PAUSE
 
     def attempt() -> LockHandle:
         connection = connections[lock.using]
         return lock._take(connection, connection_locks(connection), 0, task)
 
-    while True:
-        handle = await _to_the_end(
+    async def try_once() -> LockHandle:
+        return await _to_the_end(
             sync_to_async(attempt, thread_sensitive=True),
             undo=lambda h: async_release(lock, h, None),
         )
-        if handle.acquired:
-            lock._record(handle, loop.time() - started)
-            return handle
-        left = None if deadline is None else deadline - loop.time()
-        if not lock.wait or (left is not None and left <= 0):
-            lock._record(handle, loop.time() - started)
-            lock._busy(handle)  # raises LockNotAcquired when it had to wait
-            return handle
-        await asyncio.sleep(pause if left is None else min(pause, left))
-        pause = min(pause * 2, _LONGEST_PAUSE)
+
+    def give_up(handle: LockHandle) -> LockHandle:
+        lock._record(handle, loop.time() - started)
+        lock._busy(handle)  # raises LockNotAcquired when it had to wait
+        return handle
+
+    # The first try even when others queue: the task may hold the lock already (a nested
+    # block takes it again at once), and a free lock costs no queue.
+    handle = await try_once()
+    if handle.acquired:
+        lock._record(handle, loop.time() - started)
+        return handle
+    if not lock.wait or (deadline is not None and loop.time() >= deadline):
+        return give_up(handle)
+    queues = _queues.setdefault(loop, {})
+    key = _queue_key(lock)
+    queue = queues.setdefault(key, deque())
+    turn = asyncio.Event()
+    queue.append(turn)
+    pause = _FIRST_PAUSE
+    wait: float | None
+    try:
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if queue[0] is turn:
+                handle = await try_once()
+                if handle.acquired:
+                    lock._record(handle, loop.time() - started)
+                    return handle
+                wait = pause if left is None else min(pause, left)
+                pause = min(pause * 2, _LONGEST_PAUSE)
+            else:
+                wait = left  # until this task's turn (or its deadline)
+            if left is not None and left <= 0:
+                return give_up(handle)
+            try:
+                await asyncio.wait_for(turn.wait(), wait)
+            except TimeoutError:
+                pass
+            else:
+                pause = _FIRST_PAUSE  # woken by a release, or it is this task's turn now
+            turn.clear()
+    finally:
+        queue.remove(turn)
+        if queue:
+            queue[0].set()
+        else:
+            del queues[key]
 
 
 async def async_release(lock: AdvisoryLock, handle: LockHandle, exc: BaseException | None) -> None:
-    """End ``handle``'s hold in the thread that took it, even if the task is cancelled."""
+    """End ``handle``'s hold in the thread that took it, even if the task is cancelled; then
+    wake the first task of this loop that waits for the lock."""
     await _to_the_end(sync_to_async(lock.release, thread_sensitive=True), handle, exc)
+    queue = _queues.get(asyncio.get_running_loop(), {}).get(_queue_key(lock))
+    if queue:
+        queue[0].set()
 
 
 async def _to_the_end(

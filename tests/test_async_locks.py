@@ -159,3 +159,56 @@ def test_a_decorated_async_function_takes_the_lock_at_each_call(using):
 
     assert run(main()) == 42
     assert is_free("async:decorated", using)
+
+
+# Fairness: waits are first come, first served among a loop's tasks.
+
+
+def test_tasks_waiting_for_a_lock_get_it_in_the_order_they_came(using):
+    """Regression: each waiter paused twice as long after each failed try (up to 50 ms), so
+    the task that had waited longest tried least often and newcomers took the lock first."""
+    order = []
+
+    async def waiter(number):
+        async with advisory_lock("async:fifo", using=using, timeout=30):
+            order.append(number)
+            await asyncio.sleep(0.01)
+
+    async def main():
+        waiters = []
+        async with advisory_lock("async:fifo", using=using):
+            for number in range(6):
+                waiters.append(asyncio.ensure_future(waiter(number)))
+                await asyncio.sleep(0.08)  # each waiter has tried, and paused, before the next
+        await asyncio.gather(*waiters)
+
+    run(main())
+    assert order == list(range(6))
+    assert is_free("async:fifo", using)
+
+
+def test_a_queued_task_that_times_out_or_is_cancelled_leaves_the_queue_to_the_next(using):
+    order = []
+
+    async def waiter(name, timeout=30):
+        async with advisory_lock("async:queue-exit", using=using, timeout=timeout):
+            order.append(name)
+
+    async def main():
+        async with advisory_lock("async:queue-exit", using=using):
+            first = asyncio.ensure_future(waiter("cancelled"))
+            await asyncio.sleep(0.05)
+            second = asyncio.ensure_future(waiter("timed out", timeout=0.2))
+            await asyncio.sleep(0.05)
+            third = asyncio.ensure_future(waiter("served"))
+            await asyncio.sleep(0.05)
+            first.cancel()
+            with pytest.raises(LockNotAcquired):
+                await second
+        await third
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    run(main())
+    assert order == ["served"]
+    assert is_free("async:queue-exit", using)

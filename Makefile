@@ -28,7 +28,7 @@ test:
 	$(VENV)/bin/mypy --cache-dir $(VENV)/mypy_cache advisory_lock
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-## Measure lock throughput against the raw drivers (see bench/README section in README.md).
+## Measure lock throughput against the raw drivers (figures and method: bench/README.md).
 bench:
 	EXTRAS=postgres,mysql,test,bench scripts/setup.sh --servers
 	$(PY) bench/locks.py

@@ -116,17 +116,20 @@ def watchdog_statements_per_minute(url: str, heartbeat: float, seconds: float) -
     from advisory_lock.dedicated import DedicatedLock
     from testproject.database_url import parse
 
-    connections.settings["bench"] = connections.configure_settings(
-        {"default": parse(url, None), "bench": parse(url, None)}
-    )["bench"]
-    lock = DedicatedLock("bench:watchdog", using="bench", label="bench")
+    # An alias per URL: Django keeps a thread's connection object per alias, so reusing one
+    # alias for the next database would lock on the previous one's connection.
+    alias = f"bench_{url.split(':', 1)[0]}"
+    connections.settings[alias] = connections.configure_settings(
+        {"default": parse(url, None), alias: parse(url, None)}
+    )[alias]
+    lock = DedicatedLock("bench:watchdog", using=alias, label="bench")
     assert lock.acquire(0)
     lock.connection.force_debug_cursor = True
     lock.watch(heartbeat, on_lost=lambda: None)
     time.sleep(seconds)
     count = len(lock.connection.queries_log)
     lock.release()
-    del connections.settings["bench"]
+    del connections.settings[alias]
     return count * 60 / seconds
 
 

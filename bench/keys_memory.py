@@ -16,8 +16,9 @@ Memory: ``--cycles`` acquire + release cycles (``with advisory_lock(key, using=.
 a key never used before (``f"key-{i}"``, then ints), on SQLite and PostgreSQL, with
 tracemalloc on: traced memory (current and peak) and the process's RSS after ``gc.collect()``
 at 0, 25, 50, 75 and 100 % of the loop, the size of the library's name memory (bounded at
-1000) and of its per-connection hold tables. SQLite's lock files stay on disk: their number
-and size in the lock folder are reported. The temporary folder is deleted at the end
+1000) and of its per-connection hold tables. A released SQLite lock's file is removed (when
+no one else holds it), so the files left in the lock folder, their number and size, must be
+none. The temporary folder is deleted at the end
 (``--keep`` keeps it).
 """
 
@@ -284,7 +285,7 @@ def memory(cycles: int, pg_cycles: int) -> str:
     sample = next(iter(sorted(lock_dir.glob("*.lock"))), None) if lock_dir.is_dir() else None
     lines += ["", *notes, f"- {fifo_or_lru()}", ""]
     lines += [
-        f"#### SQLite lock files left in the lock folder (`{lock_dir.name}/`, never removed)",
+        f"#### SQLite lock files left in the lock folder (`{lock_dir.name}/`) after the runs",
         "",
         "| run | files added | MiB of content | MiB on disk (blocks) |",
         "| --- | ---: | ---: | ---: |",

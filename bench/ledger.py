@@ -3,9 +3,10 @@
     .venv/bin/python bench/ledger.py [--rows 1000000] [--only postgresql|mysql|sqlite]
 
 Fills job_runs in a database of its own per server (``bench_ledger``; a temp file for SQLite),
-then reports, as medians: a claim (clock read + one INSERT, on its own connection), the
-claim's INSERT alone and its statement count, and the admin changelist filtered by status and
-job (page time and query count), with the plan of its list query.
+then reports, as medians: a claim (a lock and a connection of its own, the clock read, one
+INSERT), the claim's statements alone (the database clock's read and the INSERT; SQLite's
+clock is this host's, read without a statement) and their count, and the admin changelist
+filtered by status and job (page time and query count), with the plan of its list query.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def main() -> None:
     aliases = [options.only] if options.only else ["postgresql", "mysql", "sqlite"]
     print(f"job_runs with {options.rows:,} rows; medians\n")
     print(
-        "| database | claim (ms) | its INSERT (ms) | INSERT statements "
+        "| database | claim (ms) | its statements (ms) | statements (clock + INSERT) "
         "| changelist, status + job filter (ms) | queries | changelist, unfiltered (ms) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

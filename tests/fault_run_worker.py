@@ -537,15 +537,24 @@ class FaultRun:
         """After the chaos, let the instances run on (no more chaos) until each job has a
         succeeded run, for at most ``settle`` seconds: on a loaded machine a few seconds of
         chaos may leave no time for one, and a run that proves nothing proves nothing."""
+        from django.db import DatabaseError
+        from django.db import connections
+
         from advisory_lock import JobRun
 
         deadline = time.monotonic() + self.settle
         while time.monotonic() < deadline:
-            succeeded = set(
-                self._rows()
-                .filter(status=JobRun.Status.SUCCEEDED)
-                .values_list("job_name", flat=True)
-            )
+            try:
+                succeeded = set(
+                    self._rows()
+                    .filter(status=JobRun.Status.SUCCEEDED)
+                    .values_list("job_name", flat=True)
+                )
+            except DatabaseError:
+                # A restart by the chaos broke this connection: ask again on a new one.
+                connections[self.using].close()
+                time.sleep(0.2)
+                continue
             if succeeded >= {ONCE, DAILY}:
                 return
             self._reap_exited()

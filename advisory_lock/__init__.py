@@ -4,8 +4,9 @@ from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.exceptions import ReplicaError
+from advisory_lock.holds import LockHandle
 from advisory_lock.locks import AdvisoryLock
-from advisory_lock.locks import LockHandle
 from advisory_lock.locks import advisory_lock
 from advisory_lock.signals import job_overdue
 from advisory_lock.signals import lock_acquired
@@ -22,7 +23,7 @@ _LAZY = {
     "JobRun": "advisory_lock.models",
     "held_locks": "advisory_lock.inspection",
     "reset_pooled_connection": "advisory_lock.backends.postgresql",
-    "run_once": "advisory_lock.ledger",
+    "run_once": "advisory_lock.once",
 }
 
 
@@ -43,6 +44,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "NotSupportedError",
+    "ReplicaError",
     "SingleInstanceMixin",
     "advisory_lock",
     "held_locks",

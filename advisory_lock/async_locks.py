@@ -29,86 +29,75 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from typing import TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections
 
-from advisory_lock.holds import connection_locks
-
-if TYPE_CHECKING:
-    from advisory_lock.locks import AdvisoryLock
-    from advisory_lock.locks import LockHandle
+from advisory_lock.holds import LockHandle
 
 T = TypeVar("T")
 _FIRST_PAUSE = 0.002
 _LONGEST_PAUSE = 0.025
 
-#: Per event loop, per (alias, lock): the tasks waiting for it, first come first.
-_Queues = dict[tuple[str, str], deque[asyncio.Event]]
+#: Per event loop, per (alias, lock identity): the tasks waiting for it, first come first.
+QueueKey = tuple[str, str]
+_Queues = dict[QueueKey, deque[asyncio.Event]]
 _queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queues] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _queue_key(lock: AdvisoryLock) -> tuple[str, str]:
-    return lock.using, lock.lock_key.identity
+async def acquire_in_turn(
+    attempt: Callable[[], LockHandle],
+    release: Callable[[LockHandle, BaseException | None], None],
+    queue_key: QueueKey,
+    *,
+    wait: bool,
+    timeout: float | None,
+) -> tuple[LockHandle, float]:
+    """Take a lock for the current task; return its handle and the seconds it took.
 
-
-async def async_acquire(lock: AdvisoryLock) -> LockHandle:
-    """Take ``lock`` for the current task: tries, with awaited pauses between them."""
-    task = asyncio.current_task()
+    ``attempt`` tries once (in the thread of Django's async ORM calls); ``release`` ends a
+    hold there (an attempt that succeeded while the task was cancelled is undone). Without
+    ``wait`` one try; else tries with awaited pauses until the lock is taken or ``timeout``
+    runs out (the last handle, falsy, is returned then).
+    """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    deadline = None if lock._timeout is None else started + lock._timeout
+    deadline = None if timeout is None else started + timeout
 
-    def attempt() -> LockHandle:
-        connection = connections[lock.using]
-        return lock._take(connection, connection_locks(connection), 0, task)
+    async def undo(handle: LockHandle) -> None:
+        await release_in_thread(release, handle, None, queue_key)
 
     async def try_once() -> LockHandle:
-        return await _to_the_end(
-            sync_to_async(attempt, thread_sensitive=True),
-            undo=lambda h: async_release(lock, h, None),
-        )
-
-    def give_up(handle: LockHandle) -> LockHandle:
-        lock._record(handle, loop.time() - started)
-        lock._busy(handle)  # raises LockNotAcquired when it had to wait
-        return handle
+        return await _to_the_end(sync_to_async(attempt, thread_sensitive=True), undo=undo)
 
     # The first try even when others queue: the task may hold the lock already (a nested
     # block takes it again at once), and a free lock costs no queue.
     handle = await try_once()
-    if handle.acquired:
-        lock._record(handle, loop.time() - started)
-        return handle
-    if not lock.wait or (deadline is not None and loop.time() >= deadline):
-        return give_up(handle)
+    if handle.acquired or not wait or (deadline is not None and loop.time() >= deadline):
+        return handle, loop.time() - started
     queues = _queues.setdefault(loop, {})
-    key = _queue_key(lock)
-    queue = queues.setdefault(key, deque())
+    queue = queues.setdefault(queue_key, deque())
     turn = asyncio.Event()
     queue.append(turn)
     pause = _FIRST_PAUSE
-    wait: float | None
+    pause_for: float | None
     try:
         while True:
             left = None if deadline is None else deadline - loop.time()
             if queue[0] is turn:
                 handle = await try_once()
                 if handle.acquired:
-                    lock._record(handle, loop.time() - started)
-                    return handle
-                wait = pause if left is None else min(pause, left)
+                    return handle, loop.time() - started
+                pause_for = pause if left is None else min(pause, left)
                 pause = min(pause * 2, _LONGEST_PAUSE)
             else:
-                wait = left  # until this task's turn (or its deadline)
+                pause_for = left  # until this task's turn (or its deadline)
             if left is not None and left <= 0:
-                return give_up(handle)
+                return handle, loop.time() - started
             try:
-                await asyncio.wait_for(turn.wait(), wait)
+                await asyncio.wait_for(turn.wait(), pause_for)
             except TimeoutError:
                 pass
             else:
@@ -119,14 +108,19 @@ async def async_acquire(lock: AdvisoryLock) -> LockHandle:
         if queue:
             queue[0].set()
         else:
-            del queues[key]
+            del queues[queue_key]
 
 
-async def async_release(lock: AdvisoryLock, handle: LockHandle, exc: BaseException | None) -> None:
+async def release_in_thread(
+    release: Callable[[LockHandle, BaseException | None], None],
+    handle: LockHandle,
+    exc: BaseException | None,
+    queue_key: QueueKey,
+) -> None:
     """End ``handle``'s hold in the thread that took it, even if the task is cancelled; then
     wake the first task of this loop that waits for the lock."""
-    await _to_the_end(sync_to_async(lock.release, thread_sensitive=True), handle, exc)
-    queue = _queues.get(asyncio.get_running_loop(), {}).get(_queue_key(lock))
+    await _to_the_end(sync_to_async(release, thread_sensitive=True), handle, exc)
+    queue = _queues.get(asyncio.get_running_loop(), {}).get(queue_key)
     if queue:
         queue[0].set()
 

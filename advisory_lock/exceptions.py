@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class AdvisoryLockError(Exception):
     """Base class for every error raised by django-advisory-lock."""
@@ -17,3 +19,8 @@ class NotSupportedError(AdvisoryLockError):
 
 class LockLost(AdvisoryLockError):
     """A lock that was held is no longer held (its connection was closed or killed)."""
+
+
+class ReplicaError(AdvisoryLockError, ImproperlyConfigured):
+    """A lock was asked of a replica (a hot standby, a read-only server): its locks exclude
+    nobody on the primary, so none is taken there."""

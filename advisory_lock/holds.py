@@ -1,13 +1,34 @@
-"""What each Django connection holds: its session holds, and the holds waiting for the end of
-a transaction; the request-end safety net."""
+"""The holds of a lock, and how each ends: ``LockHandle`` (what ``with`` gives), its two
+kinds of holds, and what each Django connection holds (``ConnectionLocks``).
+
+A session hold (``SessionHold``) is released when its block exits, on the session that took
+it. A transaction hold (``TransactionHold``) ends with its transaction: PostgreSQL releases
+it itself; elsewhere it is released when its transaction ends, commit or rollback:
+
+- Each such hold registers one ``transaction.on_commit`` callback of its own, a
+  ``_TransactionEnd``. At the commit Django calls it, and it releases the hold.
+- At a rollback Django discards the callbacks of the transaction (at a savepoint rollback,
+  those registered inside the savepoint), as it documents. Nothing else refers to the
+  callback, so CPython frees it at once by reference counting, and its ``weakref.finalize``
+  releases the hold, before ``atomic`` returns or raises. No cyclic garbage collection is
+  involved: the callback holds no reference back to itself.
+- A release runs only in the thread that owns the connection. Whatever escapes (the callback
+  freed in another thread, or kept alive by a traceback that holds Django's frame, or
+  another Python implementation) stays in ``pending`` and is released by the fallbacks: the
+  connection's next lock operation outside a transaction, the end of the request, a new
+  connection, or a test's teardown.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from time import monotonic
-from typing import TYPE_CHECKING
 from typing import Any
+from typing import ClassVar
+from typing import Literal
+from typing import Protocol
 
 from django.db import DatabaseError
 from django.db import connections
@@ -19,12 +40,211 @@ from advisory_lock import signals
 from advisory_lock.backends import backend_for
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.exceptions import LockLost
-
-if TYPE_CHECKING:
-    from advisory_lock.locks import LockHandle
-    from advisory_lock.locks import SessionHold
+from advisory_lock.keys import Key
+from advisory_lock.keys import LockKey
 
 logger = logging.getLogger("advisory_lock")
+
+
+class Lock(Protocol):
+    """What a hold needs of the lock it holds (an ``AdvisoryLock``)."""
+
+    @property
+    def key(self) -> Key: ...
+
+    @property
+    def lock_key(self) -> LockKey: ...
+
+    @property
+    def using(self) -> str: ...
+
+    @property
+    def shared(self) -> bool: ...
+
+
+class LockHandle:
+    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy.
+
+    A lock that was taken is a ``SessionHold`` or a ``TransactionHold``, which know how it
+    ends.
+    """
+
+    __slots__ = ("_lock", "_outer", "acquired_at", "connection", "db_key", "scope", "wait_time")
+
+    #: Whether the lock was taken.
+    acquired: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        lock: Lock,
+        connection: BaseDatabaseWrapper,
+        scope: Literal["session", "transaction"],
+        db_key: Any,
+        wait_time: float,
+        acquired_at: float | None,
+    ) -> None:
+        self._lock = lock
+        #: The Django connection the lock was taken through (this thread's, for the alias).
+        self.connection = connection
+        self.scope = scope
+        #: What the database locks: an int, an int pair, a lock name or a file path.
+        self.db_key = db_key
+        #: Seconds spent taking (or failing to take) the lock.
+        self.wait_time = wait_time
+        #: ``time.monotonic()`` when the lock was taken; None if it was not.
+        self.acquired_at = acquired_at
+        self._outer: LockHandle | None = None  # the handle of the block this one is in
+
+    def __bool__(self) -> bool:
+        return self.acquired
+
+    def __repr__(self) -> str:
+        return (
+            f"<LockHandle key={self.key!r} using={self.using!r} scope={self.scope!r} "
+            f"shared={self.shared!r} acquired={self.acquired!r} wait_time={self.wait_time:.6f}>"
+        )
+
+    @property
+    def key(self) -> Key:
+        return self._lock.key
+
+    @property
+    def using(self) -> str:
+        return self._lock.using
+
+    @property
+    def shared(self) -> bool:
+        return self._lock.shared
+
+    @property
+    def lock_key(self) -> LockKey:
+        return self._lock.lock_key
+
+    def end_of_block(self, exc: BaseException | None) -> None:
+        """The block ends: nothing to release, the lock was not taken."""
+
+
+class SessionHold(LockHandle):
+    """A session lock: released when its block exits, on the session that took it."""
+
+    __slots__ = ("_ended", "_locks", "_session", "_task")
+    acquired = True
+
+    def __init__(
+        self,
+        lock: Lock,
+        connection: BaseDatabaseWrapper,
+        db_key: Any,
+        wait_time: float,
+        acquired_at: float,
+        locks: ConnectionLocks,
+        task: object = None,
+    ) -> None:
+        super().__init__(lock, connection, "session", db_key, wait_time, acquired_at)
+        self._locks = locks
+        self._session = locks.backend.session()  # the lock lives as long as it
+        self._ended = False
+        self._task = task  # the asyncio task that holds it, in async code
+        locks.session_holds.append(self)
+
+    def end_of_block(self, exc: BaseException | None) -> None:
+        if self._ended:
+            return  # the request-end safety net released it already
+        self._ended = True
+        locks = self._locks
+        backend = locks.backend
+        locks.forget(self)
+        if backend.session() is not self._session:
+            # The database dropped the lock when the session closed: the block did not run
+            # under it to the end.
+            return self._lost(
+                exc, "was lost during the block: the connection holding it was closed."
+            )
+        if self.connection.in_atomic_block and backend.transaction_aborted():
+            # PostgreSQL refuses every statement until the rollback: release right after it
+            # (or after the savepoint rollback that ends the failure).
+            locks.release_at_transaction_end(self)
+            return None
+        try:
+            released = backend.release(self.db_key, shared=self.shared)
+        except LockLost as error:
+            return self._lost(exc, str(error))
+        except DatabaseError as error:
+            # Close the connection, which releases the lock, so that nobody reuses a
+            # connection whose locks are in an unknown state.
+            locks.discard_session()
+            return self._lost(
+                exc,
+                f"could not be released ({error}); the connection was closed, which releases it.",
+                error,
+            )
+        if not released:
+            return self._lost(
+                exc,
+                "was not held by this connection when released: it was lost during the block "
+                "(connection reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
+            )
+        locks.released(self)
+        return None
+
+    def _lost(
+        self, exc: BaseException | None, what: str, cause: BaseException | None = None
+    ) -> None:
+        """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
+        message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
+        signals.send(signals.lock_lost, self._lock, self)
+        if metrics.recorder is not None:
+            metrics.recorder.lost(self._locks.backend.vendor, self.using)
+        if exc is not None:
+            logger.error(message)
+            return
+        raise LockLost(message) from cause
+
+
+class TransactionHold(LockHandle):
+    """A lock held until the transaction it was taken in ends (see the module docstring).
+
+    ``native``: the database releases it itself (PostgreSQL); else the hold is released when
+    its transaction ends (``ConnectionLocks.release_at_transaction_end``).
+    """
+
+    __slots__ = ()
+    acquired = True
+
+    def __init__(
+        self,
+        lock: Lock,
+        connection: BaseDatabaseWrapper,
+        db_key: Any,
+        wait_time: float,
+        acquired_at: float,
+        locks: ConnectionLocks,
+        native: bool,
+    ) -> None:
+        super().__init__(lock, connection, "transaction", db_key, wait_time, acquired_at)
+        if not native:
+            locks.release_at_transaction_end(self)
+        elif signals.lock_released.receivers or metrics.recorder is not None:
+            transaction.on_commit(self.released_at_commit, using=lock.using, robust=True)
+
+    def released_at_commit(self) -> None:
+        """The server released the lock with its transaction's commit (PostgreSQL)."""
+        signals.send(signals.lock_released, self._lock, self)
+        if metrics.recorder is not None:
+            held = monotonic() - (self.acquired_at or monotonic())
+            metrics.recorder.held(held, self.connection.vendor, self.using)
+
+
+class _TransactionEnd:
+    """The ``on_commit`` callback of one hold: called at the commit, freed (and so
+    finalized) when Django discards it at a rollback. It refers to its finalizer only, which
+    refers to the hold and its connection's locks, never back to this object."""
+
+    __slots__ = ("__weakref__", "finalizer")
+    finalizer: weakref.finalize[Any, Any]
+
+    def __call__(self) -> None:
+        self.finalizer()  # a finalizer runs at most once, whichever comes first
 
 
 class ConnectionLocks:
@@ -60,30 +280,69 @@ class ConnectionLocks:
         else:
             holds.remove(hold)
 
-    def defer(self, handle: LockHandle) -> None:
-        """Release ``handle``'s lock when the transaction ends (see ``TransactionHold``)."""
+    def release_at_transaction_end(self, handle: LockHandle) -> None:
+        """Release ``handle``'s lock when the current transaction (or the savepoint it was
+        taken in) ends, commit or rollback."""
         self.pending.append(handle)
-        # One callback per hold: any one that survives (a hold's savepoint may be rolled back,
-        # taking its callback with it) releases them all after the commit.
-        transaction.on_commit(self.committed, using=self.connection.alias, robust=True)
+        callback = _TransactionEnd()
+        # The thread that takes the hold runs the transaction: the only one that may
+        # release through the connection.
+        thread = threading.get_ident()
+        callback.finalizer = weakref.finalize(callback, self.transaction_ended, handle, thread)
+        # At exit the process's end releases everything. (``atexit`` is a documented, writable
+        # property of weakref.finalize; typeshed lists it in __slots__ only.)
+        callback.finalizer.atexit = False  # type: ignore[misc]
+        transaction.on_commit(callback, using=self.connection.alias, robust=True)
 
-    def committed(self) -> None:
-        """The on_commit callback: the transaction that took the pending holds committed."""
-        self.end_pending(late=False)
+    def transaction_ended(self, handle: LockHandle, thread: int) -> None:
+        """``handle``'s transaction (or savepoint) ended: release it, in the owning thread.
+
+        Called at a commit, or while Django discards the callbacks at a rollback (between
+        its ROLLBACK and restoring autocommit, or in ``close()`` after a failed rollback):
+        the backend's statement must leave the connection as Django expects it, and an error
+        must not escape into Django's rollback. A release that fails, or a call from another
+        thread, leaves the hold to the fallbacks.
+        """
+        if threading.get_ident() != thread or handle not in self.pending:
+            return
+        try:
+            released = self.backend.release(handle.db_key, shared=handle.shared)
+        except (DatabaseError, LockLost):
+            # The connection is broken (the database drops its locks with it) or Django is
+            # closing it: the fallbacks release what remains.
+            logger.warning(
+                "Releasing lock %s on database %r at the end of its transaction failed; it "
+                "is released with the connection, or at its next lock operation.",
+                handle.lock_key.label,
+                handle.using,
+                exc_info=True,
+            )
+            return
+        self.pending.remove(handle)
+        if released:
+            self.released(handle)
+
+    def released(self, handle: LockHandle) -> None:
+        """``handle``'s lock was released: tell the signals and metrics."""
+        if signals.lock_released.receivers:
+            signals.send(signals.lock_released, handle._lock, handle)
+        if metrics.recorder is not None and handle.acquired_at is not None:
+            held = monotonic() - handle.acquired_at
+            metrics.recorder.held(held, self.backend.vendor, handle.using)
 
     def end_pending(self, *, late: bool = True) -> None:
-        """Release the pending holds: their transaction has ended.
+        """The fallback: release the pending holds, whose transaction has ended.
 
-        ``late``: the on_commit callback did not run (the transaction rolled back, or an
-        earlier on_commit callback raised and Django ran no later one): say so.
+        ``late``: their transaction's end did not release them (the callback was kept alive
+        or freed in another thread): say so.
         """
         pending, self.pending = self.pending, []
         for handle in pending:
             if late:
                 logger.warning(
-                    "Lock %s on database %r was released after its transaction ended, not at "
-                    "its commit: the transaction rolled back, or an earlier on_commit callback "
-                    "raised and Django ran no later one.",
+                    "Lock %s on database %r was released after its transaction ended, not "
+                    "at its end: the transaction's on_commit callback was kept alive (a "
+                    "traceback holding Django's frame) or freed in another thread.",
                     handle.lock_key.label,
                     handle.using,
                 )
@@ -98,11 +357,8 @@ class ConnectionLocks:
                 )
                 self.discard_session()
                 return
-            if released and signals.lock_released.receivers:
-                signals.send(signals.lock_released, handle._lock, handle)
-            if released and metrics.recorder is not None and handle.acquired_at is not None:
-                held = monotonic() - handle.acquired_at
-                metrics.recorder.held(held, self.backend.vendor, handle.using)
+            if released:
+                self.released(handle)
 
     def release_leftovers(self) -> None:
         """The end of a request: release what the request's code left held."""
@@ -122,7 +378,7 @@ class ConnectionLocks:
             if hold._session is not self.backend.session():
                 continue  # its session closed, and the database dropped the lock with it
             if self.connection.in_atomic_block and self.backend.transaction_aborted():
-                self.defer(hold)
+                self.release_at_transaction_end(hold)
                 continue
             try:
                 self.backend.release(hold.db_key, shared=hold.shared)
@@ -179,10 +435,8 @@ def end_rolled_back_holds() -> None:
     """Release the transaction-scoped locks this thread's connections still hold for
     transactions that have ended, even inside an enclosing ``atomic`` block.
 
-    Meant for test teardown: a test case rolls its transaction (a savepoint of the class's,
-    with Django's ``TestCase``) back, Django runs no hook on a rollback, and on MySQL and
-    SQLite the pending holds would otherwise wait for the next lock taken outside any
-    transaction. PostgreSQL drops them itself at the savepoint's rollback.
+    Meant for test teardown, for holds that escaped their rollback (see the module
+    docstring). PostgreSQL drops its own at the savepoint's rollback.
     """
     for connection in connections.all(initialized_only=True):
         locks = _connection_locks.get(connection)

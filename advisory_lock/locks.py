@@ -17,6 +17,7 @@ One ``with advisory_lock(key, using=alias):`` goes like this:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -24,24 +25,23 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from time import monotonic
 from typing import Any
-from typing import ClassVar
 from typing import Literal
 from typing import TypeVar
 
-from django.db import DatabaseError
 from django.db import connections
-from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
 from advisory_lock import metrics
 from advisory_lock import signals
-from advisory_lock.async_locks import async_acquire
-from advisory_lock.async_locks import async_release
-from advisory_lock.exceptions import LockLost
+from advisory_lock.async_locks import acquire_in_turn
+from advisory_lock.async_locks import release_in_thread
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.holds import ConnectionLocks
+from advisory_lock.holds import LockHandle
+from advisory_lock.holds import SessionHold
+from advisory_lock.holds import TransactionHold
 from advisory_lock.holds import connection_locks
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
@@ -55,68 +55,6 @@ logger = logging.getLogger("advisory_lock")
 Scope = Literal["auto", "session", "transaction"]
 SCOPES = ("auto", "session", "transaction")
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class LockHandle:
-    """What ``with advisory_lock(...) as handle`` gives: falsy when a try found the lock busy.
-
-    A lock that was taken is a ``SessionHold`` or a ``TransactionHold``, which know how it
-    ends.
-    """
-
-    __slots__ = ("_lock", "_outer", "acquired_at", "connection", "db_key", "scope", "wait_time")
-
-    #: Whether the lock was taken.
-    acquired: ClassVar[bool] = False
-
-    def __init__(
-        self,
-        lock: AdvisoryLock,
-        connection: BaseDatabaseWrapper,
-        scope: Literal["session", "transaction"],
-        db_key: Any,
-        wait_time: float,
-        acquired_at: float | None,
-    ) -> None:
-        self._lock = lock
-        #: The Django connection the lock was taken through (this thread's, for the alias).
-        self.connection = connection
-        self.scope = scope
-        #: What the database locks: an int, an int pair, a lock name or a file path.
-        self.db_key = db_key
-        #: Seconds spent taking (or failing to take) the lock.
-        self.wait_time = wait_time
-        #: ``time.monotonic()`` when the lock was taken; None if it was not.
-        self.acquired_at = acquired_at
-        self._outer: LockHandle | None = None  # the handle of the block this one is in
-
-    def __bool__(self) -> bool:
-        return self.acquired
-
-    def __repr__(self) -> str:
-        return (
-            f"<LockHandle key={self.key!r} using={self.using!r} scope={self.scope!r} "
-            f"shared={self.shared!r} acquired={self.acquired!r} wait_time={self.wait_time:.6f}>"
-        )
-
-    @property
-    def key(self) -> Key:
-        return self._lock.key
-
-    @property
-    def using(self) -> str:
-        return self._lock.using
-
-    @property
-    def shared(self) -> bool:
-        return self._lock.shared
-
-    @property
-    def lock_key(self) -> LockKey:
-        return self._lock.lock_key
-
-    def end_of_block(self, exc: BaseException | None) -> None:
-        """The block ends: nothing to release, the lock was not taken."""
 
 
 # The innermost handle of the blocks entered in this context (a thread, or an asyncio task):
@@ -322,7 +260,18 @@ class AdvisoryLock:
     # Async code: ``async with advisory_lock(...)`` and ``@advisory_lock(...)`` on ``async def``.
 
     async def __aenter__(self) -> LockHandle:
-        handle = await async_acquire(self)
+        task = asyncio.current_task()
+
+        def attempt() -> LockHandle:  # in the thread of the async ORM calls
+            connection = connections[self.using]
+            return self._take(connection, connection_locks(connection), 0, task)
+
+        handle, waited = await acquire_in_turn(
+            attempt, self.release, self._queue_key(), wait=self.wait, timeout=self._timeout
+        )
+        self._record(handle, waited)
+        if not handle.acquired:
+            self._busy(handle)  # raises LockNotAcquired when it had to wait
         handle._outer = _innermost.get()
         _innermost.set(handle)
         return handle
@@ -335,7 +284,11 @@ class AdvisoryLock:
             _innermost.set(handle._outer)
         else:
             handle = _unlink_innermost(self)
-        await async_release(self, handle, exc_value)
+        await release_in_thread(self.release, handle, exc_value, self._queue_key())
+
+    def _queue_key(self) -> tuple[str, str]:
+        """What an event loop's waiters for this lock queue under."""
+        return self.using, self.lock_key.identity
 
 
 def advisory_lock(
@@ -366,121 +319,3 @@ def _unlink_innermost(lock: AdvisoryLock) -> LockHandle:
         raise RuntimeError(f"{lock!r} was exited in a context where it was not entered.")
     chain[-1]._outer = handle._outer
     return handle
-
-
-class SessionHold(LockHandle):
-    """A session lock: released when its block exits, on the session that took it."""
-
-    __slots__ = ("_ended", "_locks", "_session", "_task")
-    acquired = True
-
-    def __init__(
-        self,
-        lock: AdvisoryLock,
-        connection: BaseDatabaseWrapper,
-        db_key: Any,
-        wait_time: float,
-        acquired_at: float,
-        locks: ConnectionLocks,
-        task: object = None,
-    ) -> None:
-        super().__init__(lock, connection, "session", db_key, wait_time, acquired_at)
-        self._locks = locks
-        self._session = locks.backend.session()  # the lock lives as long as it
-        self._ended = False
-        self._task = task  # the asyncio task that holds it, in async code
-        locks.session_holds.append(self)
-
-    def end_of_block(self, exc: BaseException | None) -> None:
-        if self._ended:
-            return  # the request-end safety net released it already
-        self._ended = True
-        locks = self._locks
-        backend = locks.backend
-        locks.forget(self)
-        if backend.session() is not self._session:
-            # The database dropped the lock when the session closed: the block did not run
-            # under it to the end.
-            return self._lost(
-                exc, "was lost during the block: the connection holding it was closed."
-            )
-        if self.connection.in_atomic_block and backend.transaction_aborted():
-            # PostgreSQL refuses every statement until the rollback: release after it.
-            locks.defer(self)
-            return None
-        try:
-            released = backend.release(self.db_key, shared=self._lock.shared)
-        except LockLost as error:
-            return self._lost(exc, str(error))
-        except DatabaseError as error:
-            # Close the connection, which releases the lock, so that nobody reuses a
-            # connection whose locks are in an unknown state.
-            locks.discard_session()
-            return self._lost(
-                exc,
-                f"could not be released ({error}); the connection was closed, which releases it.",
-                error,
-            )
-        if not released:
-            return self._lost(
-                exc,
-                "was not held by this connection when released: it was lost during the block "
-                "(connection reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
-            )
-        if signals.lock_released.receivers:
-            signals.send(signals.lock_released, self._lock, self)
-        if metrics.recorder is not None:
-            held = monotonic() - (self.acquired_at or monotonic())
-            metrics.recorder.held(held, backend.vendor, self.using)
-        return None
-
-    def _lost(
-        self, exc: BaseException | None, what: str, cause: BaseException | None = None
-    ) -> None:
-        """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
-        message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
-        signals.send(signals.lock_lost, self._lock, self)
-        if metrics.recorder is not None:
-            metrics.recorder.lost(self._locks.backend.vendor, self.using)
-        if exc is not None:
-            logger.error(message)
-            return
-        raise LockLost(message) from cause
-
-
-class TransactionHold(LockHandle):
-    """A lock held until the transaction it was taken in ends.
-
-    PostgreSQL releases it itself (``native``). MySQL and SQLite have no such locks: the
-    hold waits in its connection's ``pending`` list and is released right after the commit
-    by an ``on_commit`` callback. Django has no rollback hook, so after a rollback it is
-    released at the connection's next lock operation, at the end of the request, or when
-    the connection is opened again (see ``ConnectionLocks.end_pending``): later, never
-    earlier, than the transaction's end.
-    """
-
-    __slots__ = ()
-    acquired = True
-
-    def __init__(
-        self,
-        lock: AdvisoryLock,
-        connection: BaseDatabaseWrapper,
-        db_key: Any,
-        wait_time: float,
-        acquired_at: float,
-        locks: ConnectionLocks,
-        native: bool,
-    ) -> None:
-        super().__init__(lock, connection, "transaction", db_key, wait_time, acquired_at)
-        if not native:
-            locks.defer(self)
-        elif signals.lock_released.receivers or metrics.recorder is not None:
-            transaction.on_commit(self.released_at_commit, using=lock.using, robust=True)
-
-    def released_at_commit(self) -> None:
-        """The server released the lock with its transaction's commit (PostgreSQL)."""
-        signals.send(signals.lock_released, self._lock, self)
-        if metrics.recorder is not None:
-            held = monotonic() - (self.acquired_at or monotonic())
-            metrics.recorder.held(held, self.connection.vendor, self.using)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from time import monotonic
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.dispatch import Signal
 
-if TYPE_CHECKING:
-    from advisory_lock.locks import LockHandle
+from advisory_lock.keys import Key
+from advisory_lock.keys import LockKey
 
 logger = logging.getLogger("advisory_lock")
 
@@ -33,7 +33,29 @@ lock_lost = Signal()
 job_overdue = Signal()
 
 
-def send(signal: Signal, sender: object, handle: LockHandle) -> None:
+class Handle(Protocol):
+    """What the signals tell of a lock's handle (a ``LockHandle``)."""
+
+    @property
+    def key(self) -> Key: ...
+
+    @property
+    def lock_key(self) -> LockKey: ...
+
+    @property
+    def using(self) -> str: ...
+
+    @property
+    def scope(self) -> str: ...
+
+    @property
+    def wait_time(self) -> float: ...
+
+    @property
+    def acquired_at(self) -> float | None: ...
+
+
+def send(signal: Signal, sender: object, handle: Handle) -> None:
     """Send a lock signal to its receivers; one that raises is logged, never propagated."""
     if not signal.receivers:  # the common case, checked without building any arguments
         return

@@ -29,3 +29,13 @@ def kill_connection_of(using: str, target: int | None = None) -> None:
                 cursor.execute(f"KILL {int(target)}")
 
     in_other_connection(kill)
+
+
+def prepare_statement_sql(function: str, pair: bool, guarded: bool) -> str:
+    """The SQL ``PREPARE`` of one of the PostgreSQL backend's prepared lock statements, as
+    another client of this library would have left it on a server connection."""
+    from advisory_lock.backends.postgresql import _prepared
+
+    name, statement, types = _prepared(function, pair, guarded)
+    declared = ", ".join("integer" if oid == 23 else "bigint" for oid in types)
+    return f"PREPARE {name.decode()} ({declared}) AS {statement.decode()}"

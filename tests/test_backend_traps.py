@@ -21,13 +21,14 @@ from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
-from advisory_lock.backends.postgresql import _prepared
 from advisory_lock.keys import make_key
 from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.servers import backend_id
 from tests.servers import kill_connection_of
+from tests.servers import prepare_statement_sql
 from tests.test_locks import held_elsewhere
+from tests.wire import round_trips
 
 postgresql_only = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
 mysql_only = pytest.mark.parametrize("using", ["mysql"], indirect=True)
@@ -94,33 +95,35 @@ def test_a_statement_timeout_is_not_lock_not_acquired(using):
     assert excinfo.value.__cause__.sqlstate == "57014"
 
 
-@postgresql_only
-def test_prepared_lock_statements_survive_deallocate_and_stay_one_statement_each(using):
-    connection = connections[using]
-    for _ in range(4):
-        with CaptureQueriesContext(connection) as queries:
-            with advisory_lock("prepared", using=using, wait=False):
-                pass
-        assert len(queries) == 2
-    with connection.cursor() as cursor:
-        # The try, unguarded until the first statement told the server pid, and the guarded
-        # try and unlock: each prepared once on this server session.
+def prepared_lock_statements(using):
+    with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(name, 'advisory_lock_')"
         )
-        assert cursor.fetchone()[0] == 3
+        return cursor.fetchone()[0]
+
+
+@postgresql_only
+def test_prepared_lock_statements_survive_deallocate_and_stay_one_round_trip_each(using):
+    connection = connections[using]
+    for _ in range(4):
+        with advisory_lock("prepared", using=using, wait=False):
+            pass
+    # The try, unguarded until the first statement told the server pid, and the guarded try
+    # and unlock: each prepared once on this server session.
+    assert prepared_lock_statements(using) == 3
+    with connection.cursor() as cursor:
         cursor.execute("DEALLOCATE ALL")
-    # The first statement finds its prepared statement gone, and runs plain; then each is
-    # prepared again, and one statement each as before.
-    with CaptureQueriesContext(connection) as queries:
-        with advisory_lock("prepared", using=using, wait=False) as handle:
-            assert handle.acquired and not is_free("prepared", using)
-    assert len(queries) == 3
-    for _ in range(2):
-        with CaptureQueriesContext(connection) as queries:
+    # The first statement finds its prepared statement gone (a round trip), and runs plain;
+    # each is prepared again at its next use (a round trip), then one round trip each.
+    counts = []
+    for _ in range(4):
+        with round_trips(using) as trips:
             with advisory_lock("prepared", using=using, wait=False) as handle:
-                assert handle.acquired and not is_free("prepared", using)
-        assert len(queries) == 2
+                assert handle.acquired
+        counts.append(trips.count)
+    assert counts == [4, 3, 2, 2]
+    assert prepared_lock_statements(using) == 2  # the guarded try and unlock
     assert is_free("prepared", using)
 
 
@@ -133,10 +136,11 @@ def test_lock_statements_already_prepared_on_the_server_connection_are_used(usin
     with connection.cursor() as cursor:  # a new server session, before any lock statement
         for function in ("pg_try_advisory_lock", "pg_advisory_unlock"):
             for guarded in (False, True):
-                cursor.execute(_prepared(function, False, guarded)[1].decode())
+                cursor.execute(prepare_statement_sql(function, False, guarded))
     for _ in range(4):
         with advisory_lock("prepared-before", using=using, wait=False) as handle:
             assert handle.acquired and not is_free("prepared-before", using)
+    assert prepared_lock_statements(using) == 4
     assert is_free("prepared-before", using)
 
 
@@ -221,11 +225,16 @@ def test_fractional_timeout_is_honoured_on_mariadb(using):
 
 @mysql_only
 def test_waiting_for_ever_sends_no_negative_timeout_to_mariadb(using):
-    with CaptureQueriesContext(connections[using]) as queries:
-        with advisory_lock("forever", using=using):
-            pass
-    assert "-1" not in queries[0]["sql"]
-    assert "2147483647" in queries[0]["sql"]
+    # A busy lock: the try finds it held, then the wait for ever is sent; the holder lets go
+    # once the server shows that wait.
+    with held_elsewhere("forever", using, until_waiting=True):
+        with CaptureQueriesContext(connections[using]) as queries:
+            with advisory_lock("forever", using=using):
+                pass
+    sql = [query["sql"] for query in queries if "GET_LOCK" in query["sql"]]
+    assert len(sql) == 2 and sql[0].endswith(", 0)")
+    assert "-1" not in sql[1]
+    assert "2147483647" in sql[1]
 
 
 @mysql_only

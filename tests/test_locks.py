@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
@@ -22,11 +24,22 @@ from tests.probes import is_free
 ONE_STATEMENT = {"default": 0, "postgresql": 1, "mysql": 1}
 
 
-def hold_in_other_connection(key, using, ready, done, **options):
-    """Hold ``key`` from another connection until ``done`` is set (thread target)."""
-    with advisory_lock(key, using=using, **options):
+def hold_in_other_connection(key, using, ready, done, until_waiting=False, **options):
+    """Hold ``key`` from another connection until ``done`` is set (thread target), or with
+    ``until_waiting`` until the server shows another session waiting for it."""
+    from advisory_lock.backends import inspector_for
+
+    with advisory_lock(key, using=using, **options) as handle:
         ready.set()
-        done.wait(30)
+        if not until_waiting:
+            done.wait(30)
+            return
+        inspector = inspector_for(connections[using])
+        for _ in range(3000):  # a bound only against a test that never waits
+            listing = inspector.list_locks({handle.db_key: key})
+            if any(row.db_key == handle.db_key and not row.granted for row in listing.rows):
+                return
+            time.sleep(0.01)
 
 
 class held_elsewhere:
@@ -118,16 +131,9 @@ def test_lock_taken_inside_atomic_is_held_until_commit(using):
     assert is_free("tx", using)
 
 
-# PostgreSQL releases xact locks itself when the transaction rolls back. MySQL and SQLite
-# have no such locks, and Django no rollback hook: their lock is released, from the thread
-# that owns the connection, at its next lock operation (or at the end of the request, or
-# when the connection is opened again), never before the transaction's end.
-NATIVE_TRANSACTION_LOCKS = {"default": False, "postgresql": True, "mysql": False}
-
-
-def next_lock_operation(using):
-    with advisory_lock("any-other-key", using=using):
-        pass
+# Every backend releases a transaction-scoped lock by the time atomic() has rolled back:
+# PostgreSQL itself; MySQL and SQLite when Django discards the transaction's on_commit
+# callbacks (see advisory_lock/holds.py). No later lock operation is needed.
 
 
 def test_lock_taken_inside_atomic_is_released_by_rollback(using):
@@ -137,8 +143,6 @@ def test_lock_taken_inside_atomic_is_released_by_rollback(using):
                 pass
             assert not is_free("tx-rollback", using)
             1 / 0  # noqa: B018
-    if not NATIVE_TRANSACTION_LOCKS[using]:
-        next_lock_operation(using)
     assert is_free("tx-rollback", using)
 
 
@@ -147,24 +151,22 @@ def test_lock_inside_atomic_marked_for_rollback_is_released_at_the_end(using):
         with advisory_lock("tx-needs-rollback", using=using):
             transaction.set_rollback(True, using=using)
         assert not is_free("tx-needs-rollback", using)
-    if not NATIVE_TRANSACTION_LOCKS[using]:
-        next_lock_operation(using)
     assert is_free("tx-needs-rollback", using)
 
 
-def test_lock_taken_in_a_rolled_back_savepoint_is_released_with_it_or_at_the_end(using):
-    # PostgreSQL releases xact locks at ROLLBACK TO SAVEPOINT; elsewhere the lock is held
-    # until the outer transaction ends (longer, never shorter), then released at its commit.
+def test_lock_taken_in_a_rolled_back_savepoint_is_released_with_it(using):
+    # PostgreSQL releases xact locks at ROLLBACK TO SAVEPOINT; the other backends agree.
     with transaction.atomic(using=using):
+        with advisory_lock("outer-part", using=using):
+            pass
         with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
             with advisory_lock("savepoint", using=using):
                 pass
             assert not is_free("savepoint", using)
             1 / 0  # noqa: B018
-        assert is_free("savepoint", using) == NATIVE_TRANSACTION_LOCKS[using]
-        with advisory_lock("after-the-savepoint", using=using):
-            pass
-    assert is_free("savepoint", using)
+        assert is_free("savepoint", using)
+        assert not is_free("outer-part", using)
+    assert is_free("outer-part", using)
 
 
 def test_lock_taken_in_a_released_savepoint_is_held_until_the_outer_commit(using):
@@ -231,9 +233,7 @@ def test_transaction_that_fails_inside_a_session_lock_releases_it_and_keeps_the_
                 with advisory_lock("failing", using=using, scope="session"):
                     Counter.objects.using(using).create(name="dup")  # IntegrityError
         assert type(excinfo.value).__name__ == "IntegrityError"
-        # PostgreSQL refuses the unlock until the rollback: it runs at the connection's next
-        # lock operation (or the request's end), from this thread.
-        next_lock_operation(using)
+        # PostgreSQL refuses the unlock until the rollback: it runs during the rollback.
         assert is_free("failing", using)
         # The connection is usable afterwards.
         assert Counter.objects.using(using).filter(name="dup").count() == 1
@@ -316,7 +316,7 @@ def test_lock_inside_atomic_on_postgresql_is_one_statement_in_all(using):
             with advisory_lock("count-tx", using=using):
                 pass
         assert len(queries) == 1
-        assert "pg_advisory_xact_lock" in queries[0]["sql"]
+        assert "pg_try_advisory_xact_lock" in queries[0]["sql"]
 
 
 @pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)

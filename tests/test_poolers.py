@@ -40,6 +40,7 @@ from advisory_lock.keys import make_key
 from tests.pgbouncer import start_pgbouncer
 from tests.probes import in_other_connection
 from tests.probes import is_free
+from tests.servers import prepare_statement_sql
 
 pytestmark = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
 
@@ -303,7 +304,7 @@ def test_pooler_detected_after_the_lock_statements_were_prepared(
         cursor.execute("SELECT pg_backend_pid(), name FROM pg_prepared_statements")
         assert sorted(cursor.fetchall()) == sorted((s2, name) for name in names)
     if other_server == "prepared-by-another-client":
-        c.execute(_prepared("pg_try_advisory_lock", False, True)[1].decode())  # on S1
+        c.execute(prepare_statement_sql("pg_try_advisory_lock", False, True))  # on S1
     d.execute("BEGIN")
     assert d.execute("SELECT pg_backend_pid()").fetchone()[0] == s2  # D now has S2
     c.execute("COMMIT")  # only S1 is free: the next lock statement runs there

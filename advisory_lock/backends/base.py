@@ -14,6 +14,7 @@ from typing import ClassVar
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from advisory_lock.conf import get_setting
+from advisory_lock.exceptions import ReplicaError
 from advisory_lock.keys import LockKey
 
 
@@ -211,4 +212,13 @@ def pooler_advice(alias: str) -> str:
         f"lock through an alias that connects to the database directly: "
         f"ADVISORY_LOCK['DIRECT_ALIAS'] = {{{alias!r}: '<direct alias>'}} "
         f"(@single_instance and the ledger use it), or using='<direct alias>'."
+    )
+
+
+def replica_error(database: str, what: str) -> ReplicaError:
+    """The error for a lock asked of a replica: its locks would exclude nobody."""
+    return ReplicaError(
+        f"No lock is taken on {database}: it {what}. A replica grants advisory locks, but "
+        f"they exclude nobody on the primary, so every instance would get the lock. Point "
+        f"the alias the locks use at the primary (pass using=, or route it there)."
     )

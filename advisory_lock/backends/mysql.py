@@ -23,6 +23,7 @@ from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import LockInspector
 from advisory_lock.backends.base import LockRow
+from advisory_lock.backends.base import replica_error
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import shorten
@@ -57,8 +58,7 @@ class MySQLBackend(LockBackend):
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
-        self._raw: Any = None  # the driver connection the two fields below belong to
-        self._cursor: Any = None
+        self._raw: Any = None  # the driver connection the field below belongs to
         self._mariadb = False
 
     def db_key(self, key: LockKey) -> str:
@@ -67,8 +67,13 @@ class MySQLBackend(LockBackend):
     def acquire(
         self, db_key: Any, *, shared: bool, timeout: float | None, transaction: bool
     ) -> bool:
-        if timeout is None or timeout == 0:
-            return self._get_lock(db_key, _FOREVER if timeout is None else 0)
+        # A try first, which never waits in the server: most locks are free.
+        if self._get_lock(db_key, 0):
+            return True
+        if timeout == 0:
+            return False
+        if timeout is None:
+            return self._get_lock(db_key, _FOREVER)
         if timeout == int(timeout) or self._is_mariadb():
             # MariaDB honours fractions of a second; MySQL reads the timeout as an integer.
             return self._get_lock(db_key, timeout)
@@ -108,27 +113,32 @@ class MySQLBackend(LockBackend):
         server escapes (see ``_lock_name``); any other goes through the driver's escaping."""
         if _UNESCAPED.issuperset(name):
             return f"'{name}'"
-        raw = self._driver_cursor().connection
+        raw = self._driver_connection()
         literal: bytes = raw.literal(name)
         return literal.decode(raw.encoding)
 
     def _run(self, sql: str) -> tuple[Any, ...]:
-        """Run one statement and return its row, through Django's cursor when Django logs
-        queries or wraps executions, else through a kept cursor of the driver connection."""
+        """Run one statement and return its row: through Django's cursor when Django logs
+        queries or wraps executions (so that they see it), else through the driver's
+        documented low-level calls, ``query()`` and ``store_result()`` (no cursor)."""
         connection = self.connection
         if connection.queries_logged or connection.execute_wrappers:
+            self._driver_connection()  # first: a new connection is checked (a replica)
             with connection.cursor() as cursor:
                 cursor.execute(sql)
                 return tuple(cursor.fetchone())
-        cursor = self._driver_cursor()
+        raw = self._driver_connection()
         try:
-            cursor.execute(sql)
-            return tuple(cursor.fetchone())
+            raw.query(sql.encode())
+            rows: tuple[tuple[Any, ...], ...] = raw.store_result().fetch_row()
         except Exception:
             with connection.wrap_database_errors:
                 raise
+        return rows[0]
 
-    def _driver_cursor(self) -> Any:
+    def _driver_connection(self) -> Any:
+        """The driver connection, connecting if need be; a new one is checked once not to be
+        a read-only server (a replica)."""
         connection = self.connection
         raw = connection.connection
         if raw is None:
@@ -137,11 +147,19 @@ class MySQLBackend(LockBackend):
         if raw is not self._raw:
             # From the handshake, not Django's mysql_is_mariadb (which may run a query).
             self._mariadb = "mariadb" in raw.get_server_info().lower()
-            self._raw, self._cursor = raw, raw.cursor()
-        return self._cursor
+            try:
+                raw.query(b"SELECT @@global.read_only")
+                ((read_only,),) = raw.store_result().fetch_row()
+            except Exception:
+                with connection.wrap_database_errors:
+                    raise
+            if int(read_only):
+                raise replica_error(self.describe(), "is read-only (@@read_only), a replica")
+            self._raw = raw
+        return raw
 
     def _is_mariadb(self) -> bool:
-        self._driver_cursor()
+        self._driver_connection()
         return self._mariadb
 
 

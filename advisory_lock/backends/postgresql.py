@@ -4,6 +4,11 @@ PostgreSQL keeps advisory locks per database and counts repeated holds by one se
 releases transaction-level (xact) locks itself at the end of the top-level transaction, and
 at ROLLBACK TO SAVEPOINT of a savepoint they were taken in; session locks when the session
 ends. Keys are ints, written into the statements by us (nothing to escape).
+
+Statements that can't wait (a try, an unlock) run through libpq itself, psycopg's documented
+``Connection.pgconn`` (``psycopg.pq``): one round trip, no cursor, no adaptation. Statements
+that may wait run through a psycopg cursor, whose wait lets Python's signal handlers run
+(Ctrl-C, SIGTERM, a watchdog), which a blocking libpq call would defer.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import functools
 import hashlib
 import math
 from typing import Any
+from typing import NoReturn
 
 from psycopg import errors
-from psycopg.pq import TransactionStatus
+from psycopg import pq
 
 from advisory_lock.backends.base import Holder
 from advisory_lock.backends.base import Listing
@@ -23,6 +29,7 @@ from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import LockInspector
 from advisory_lock.backends.base import LockRow
 from advisory_lock.backends.base import pooler_advice
+from advisory_lock.backends.base import replica_error
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
@@ -31,6 +38,15 @@ from advisory_lock.keys import LockKey
 #: Aliases found behind a transaction-mode pooler (the server pid changed under one client
 #: connection): session locks are refused there for the rest of the process's life.
 POOLED_ALIASES: set[str] = set()
+
+_IDLE = pq.TransactionStatus.IDLE
+_INERROR = pq.TransactionStatus.INERROR
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_BOOL_OID = 16
+_INT4_OID = 23
+_INT8_OID = 20
 
 
 @functools.cache
@@ -61,19 +77,16 @@ def _select(function: str, arguments: str, *, pid: str | None) -> str:
 
 
 @functools.cache
-def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, bytes]:
-    """(name, PREPARE statement, EXECUTE template with a ``%d`` per value) of a session
-    statement. The name is the text's hash: one name means one statement on any server."""
+def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, list[int]]:
+    """(name, statement with ``$n`` parameters, their type oids) of a session statement
+    prepared on the server. The name is the text's hash: one name means one statement on any
+    server session, so a name found already prepared there is this statement."""
     arguments = "$2, $3" if pair and guarded else "$1, $2" if pair else "$2" if guarded else "$1"
     select = _select(function, arguments, pid="$1" if guarded else "")
-    types = ["integer"] * guarded + (["integer", "integer"] if pair else ["bigint"])
     name = f"advisory_lock_{hashlib.sha256(select.encode()).hexdigest()[:16]}"
-    execute = f"EXECUTE {name}({','.join(['%d'] * len(types))})"
-    return (
-        name.encode(),
-        f"PREPARE {name} ({', '.join(types)}) AS {select}".encode(),
-        execute.encode(),
-    )
+    # The pid and the halves of a pair are integers; a single key is a bigint.
+    types = [_INT4_OID] * guarded + ([_INT4_OID, _INT4_OID] if pair else [_INT8_OID])
+    return name.encode(), select.encode(), types
 
 
 class PostgreSQLBackend(LockBackend):
@@ -85,9 +98,8 @@ class PostgreSQLBackend(LockBackend):
         super().__init__(connection)
         # What we know of the driver connection we last ran on (forgotten when it changes).
         self._raw: Any = None
-        self._cursor: Any = None
         self._pid: int | None = None  # its server pid, once a session statement told us
-        self._prepared: set[bytes] = set()  # statements PREPARE'd on its server session
+        self._prepared: set[bytes] = set()  # statements prepared on its server session
 
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
         return key.as_int64()
@@ -97,20 +109,22 @@ class PostgreSQLBackend(LockBackend):
     ) -> bool:
         keys = db_key if type(db_key) is tuple else (db_key,)
         try:
-            if transaction:  # one statement: the server releases it with the transaction
-                function = _function(try_=timeout == 0, xact=True, shared=shared)
-                row = self._wait(_select(function, _args(keys), pid=None), timeout)
-                return row is not None and row[0] is not False
-            if timeout == 0 or timeout is None:
-                # One statement, busy or not: a try, or a wait in the server until it is free.
-                row = self._session_statement(_function(try_=timeout == 0, shared=shared), keys)
-            else:
-                self._driver_cursor()  # first: the guard's pid must be the current session's
+            if transaction:  # the server releases it with the transaction (or savepoint)
+                function = _function(try_=True, xact=True, shared=shared)
+                row = self._run(_select(function, _args(keys), pid=None).encode(), begin=True)
+                if row[0] or timeout == 0:
+                    return bool(row[0])
+                function = _function(xact=True, shared=shared)
+                wait_row = self._wait(_select(function, _args(keys), pid=None), timeout)
+                return wait_row is not None
+            row = self._session_statement(_function(try_=True, shared=shared), keys)
+            if not self._held_on_same_server(row) and timeout != 0:
                 function = _function(shared=shared)
-                row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
+                wait_row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
+                return wait_row is not None and self._held_on_same_server(wait_row)
         except errors.LockNotAvailable:
             return False  # lock_timeout (ours, or one set on the server) ran out: 55P03
-        return row is not None and self._held_on_same_server(row)
+        return row[0] is True
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         keys = db_key if type(db_key) is tuple else (db_key,)
@@ -136,7 +150,7 @@ class PostgreSQLBackend(LockBackend):
 
     def transaction_aborted(self) -> bool:
         raw = self.connection.connection
-        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+        return raw is not None and raw.pgconn.transaction_status == _INERROR
 
     def session_lock_problem(self) -> str | None:
         if self.connection.alias in POOLED_ALIASES:
@@ -169,109 +183,161 @@ class PostgreSQLBackend(LockBackend):
     # Statements.
 
     def _session_statement(self, function: str, keys: tuple[int, ...]) -> tuple[Any, ...]:
-        """A session try or unlock: prepared outside transactions (parsed and planned once
-        per server session, which makes it cheaper than a plain statement); plain inside
-        one, where a failed EXECUTE would abort the caller's transaction."""
-        self._driver_cursor()  # first: what we know of the server session must be current
-        if not self._outside_transaction():
-            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+        """A session try or unlock. With no transaction open it runs as a statement prepared
+        on the server session (parsed and planned once per session); inside a transaction
+        it runs plain, since a failed prepared statement would abort the caller's
+        transaction."""
+        raw = self._driver_connection()  # first: what we know of the session must be current
         pid = self._pid
-        name, prepare, template = _prepared(function, len(keys) == 2, pid is not None)
-        execute = template % (keys if pid is None else (pid, *keys))
-        if name in self._prepared:
-            try:
-                return self._run(execute)
-            except errors.InvalidSqlStatementName:
-                # DEALLOCATE or DISCARD ran, or a pooler moved us to another server
-                # connection: run it plain, so that the pid tells which.
-                self._prepared.clear()
-                return self._run(_select(function, _args(keys), pid=self._guard()).encode())
-        try:
-            row = self._run(prepare + b"; " + execute, after_first=True)
-        except errors.DuplicatePreparedStatement:
-            # Prepared on this server session by an earlier client (a pooled connection):
-            # one name stands for one statement text, so it is this one.
-            row = self._run(execute)
-        self._prepared.add(name)
-        return row
+        if self._logged() or raw.pgconn.transaction_status != _IDLE:
+            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+        name, statement, types = _prepared(function, len(keys) == 2, pid is not None)
+        values = [str(value).encode() for value in (keys if pid is None else (pid, *keys))]
+        pgconn = raw.pgconn
+        if name not in self._prepared:
+            result = pgconn.prepare(name, statement, types)
+            # 42P05: prepared on this server session by an earlier client (a pooled server
+            # connection); one name stands for one statement text, so it is this one.
+            if result.status != _COMMAND_OK and result.error_field(_SQLSTATE) != b"42P05":
+                self._raise(result)
+            self._prepared.add(name)
+        result = pgconn.exec_prepared(name, values)
+        if result.status == _TUPLES_OK:
+            return _row(result)
+        if result.error_field(_SQLSTATE) == b"26000":
+            # DEALLOCATE or DISCARD ran, or a pooler moved us to another server connection:
+            # run it plain, so that the pid tells which.
+            self._prepared.clear()
+            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+        self._raise(result)
 
     def _wait(self, select: str, timeout: float | None) -> tuple[Any, ...] | None:
-        """Run a lock statement that may wait: for ever, or at most ``timeout`` seconds
-        (then None)."""
-        if timeout is None or timeout == 0:
-            return self._run(select.encode())
+        """Run a lock statement that may wait, through a psycopg cursor (whose wait Python's
+        signal handlers interrupt): for ever, or at most ``timeout`` seconds (then None)."""
+        if timeout is None:
+            return self._run(select.encode(), cursor=True)
         # lock_timeout is in milliseconds, and 0 would mean "no limit".
         milliseconds = max(1, math.ceil(timeout * 1000))
         call = select.removeprefix("SELECT ")
-        if self._outside_transaction():
+        if not self.connection.in_atomic_block:
             # set_config(..., true) lasts for this statement's own transaction. The sub-select
             # holds a volatile function, so the planner runs it first, not pulled up.
             return self._run(
                 f"SELECT {call} FROM (SELECT set_config('lock_timeout', '{milliseconds}', "
-                f"true)) AS _t".encode()
+                f"true)) AS _t".encode(),
+                cursor=True,
             )
         # In a transaction a lock_timeout error would abort it: wait in a savepoint, and
         # restore the previous lock_timeout in the same statement (a released savepoint
         # keeps SET LOCAL values).
-        self._run(b"SAVEPOINT advisory_lock_wait", fetch=False)
+        self._run(b"SAVEPOINT advisory_lock_wait", cursor=True, fetch=False)
         try:
             row: tuple[Any, ...] | None = self._run(
                 f"SELECT {call}, set_config('lock_timeout', _t.previous, true) FROM "
                 f"(SELECT current_setting('lock_timeout') AS previous, "
-                f"set_config('lock_timeout', '{milliseconds}', true)) AS _t".encode()
+                f"set_config('lock_timeout', '{milliseconds}', true)) AS _t".encode(),
+                cursor=True,
             )
         except errors.LockNotAvailable:
-            self._run(b"ROLLBACK TO SAVEPOINT advisory_lock_wait", fetch=False)
+            self._run(b"ROLLBACK TO SAVEPOINT advisory_lock_wait", cursor=True, fetch=False)
             row = None
-        self._run(b"RELEASE SAVEPOINT advisory_lock_wait", fetch=False)
+        self._run(b"RELEASE SAVEPOINT advisory_lock_wait", cursor=True, fetch=False)
         return row
 
     def _run(
-        self, sql: bytes, *, fetch: bool = True, after_first: bool = False
+        self, sql: bytes, *, cursor: bool = False, fetch: bool = True, begin: bool = False
     ) -> tuple[Any, ...]:
-        """Run one statement (``after_first``: two, and read the second's result); return
-        the first row. Driver errors come out as Django's, as from Django's cursor, except
-        the ones the lock expects (a timeout, a missing or duplicate prepared statement)."""
-        connection = self.connection
-        try:
-            if connection.queries_logged or connection.execute_wrappers:
-                with connection.cursor() as cursor:
-                    return _fetch(cursor, sql.decode(), fetch, after_first)
-            return _fetch(self._driver_cursor(), sql, fetch, after_first)
-        except Exception as exc:
-            # Django's cursor raises Django's exception with the driver's as its cause.
-            error = exc.__cause__ if isinstance(exc.__cause__, errors.Error) else exc
-            if isinstance(error, _EXPECTED):
-                raise error from None
-            if isinstance(error, errors.OutOfMemory):
-                raise AdvisoryLockError(
-                    f"PostgreSQL's lock table is full on {self.describe()} ({error}). Each "
-                    f"advisory lock takes a slot; the table has max_locks_per_transaction x "
-                    f"(max_connections + max_prepared_transactions) slots. Release locks "
-                    f"you no longer need, or raise max_locks_per_transaction."
-                ) from error
-            if error is exc and isinstance(exc, errors.Error):
-                with connection.wrap_database_errors:
-                    raise
-            raise
+        """Run one statement and return its first row.
 
-    def _driver_cursor(self) -> Any:
-        """A cursor of the driver connection, connecting if need be; kept while it is the
-        same connection, and what we knew of an earlier one forgotten."""
+        Through Django's cursor when Django logs queries or wraps executions (so that
+        ``connection.queries``, ``CaptureQueriesContext`` and ``execute_wrapper()`` see it);
+        else through a psycopg cursor when it may wait (``cursor``), or libpq. ``begin``: the
+        statement belongs to the transaction of the ``atomic`` block, which psycopg opens
+        lazily, at its first statement: if none was sent yet, open it the way psycopg would.
+        Errors come out as ``_failed`` says.
+        """
+        connection = self.connection
+        raw = self._driver_connection()
+        try:
+            if self._logged():
+                with connection.cursor() as django_cursor:
+                    return _fetch(django_cursor, sql.decode(), fetch)
+            if cursor:
+                return _fetch(raw.cursor(), sql, fetch)
+            pgconn = raw.pgconn
+            if begin and pgconn.transaction_status == _IDLE and connection.in_atomic_block:
+                start = _begin(raw)
+                if start is None:  # options psycopg adds to BEGIN: let psycopg open it
+                    return _fetch(raw.cursor(), sql, fetch)
+                sql = start + b"; " + sql
+            result = pgconn.exec_(sql)
+            if result.status == _TUPLES_OK:
+                return _row(result)
+            if result.status == _COMMAND_OK:
+                return ()
+            self._raise(result)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _raise(self, result: Any) -> NoReturn:
+        """Raise psycopg's exception for a failed libpq result (as ``_failed`` words it)."""
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        sqlstate = result.error_field(_SQLSTATE)
+        error_class: type[errors.Error] = errors.OperationalError  # none: the link failed
+        if sqlstate is not None:
+            try:
+                error_class = errors.lookup(sqlstate.decode())
+            except KeyError:
+                error_class = errors.DatabaseError
+        self._failed(error_class(message))
+
+    def _failed(self, error: BaseException) -> NoReturn:
+        """Raise ``error`` as the lock's caller should see it: Django's exception with the
+        driver's as its cause, as from Django's cursor, except the errors the lock expects
+        (a timeout, a missing or duplicate prepared statement), which stay the driver's."""
+        driver_error = error.__cause__ if isinstance(error.__cause__, errors.Error) else error
+        if isinstance(driver_error, _EXPECTED):
+            raise driver_error from None
+        if isinstance(driver_error, errors.OutOfMemory):
+            raise AdvisoryLockError(
+                f"PostgreSQL's lock table is full on {self.describe()} ({driver_error}). Each "
+                f"advisory lock takes a slot; the table has max_locks_per_transaction x "
+                f"(max_connections + max_prepared_transactions) slots. Release locks "
+                f"you no longer need, or raise max_locks_per_transaction."
+            ) from driver_error
+        if driver_error is error and isinstance(error, errors.Error):
+            with self.connection.wrap_database_errors:
+                raise error
+        raise error
+
+    def _logged(self) -> bool:
+        """Django logs queries or wraps executions, and a statement through its cursor can't
+        open a transaction that Django does not expect: outside ``atomic`` with the driver's
+        autocommit off, Django is between a rollback and restoring autocommit (a release at
+        a rollback), and psycopg's cursor would open a transaction there."""
+        connection = self.connection
+        if not (connection.queries_logged or connection.execute_wrappers):
+            return False
+        return connection.in_atomic_block or bool(connection.connection.autocommit)
+
+    def _driver_connection(self) -> Any:
+        """The psycopg connection, connecting if need be; what we knew of an earlier one is
+        forgotten, and a new one is checked once not to be a standby."""
         connection = self.connection
         raw = connection.connection
         if raw is None:
             connection.ensure_connection()
             raw = connection.connection
         if raw is not self._raw:
-            self._raw, self._cursor, self._pid, self._prepared = raw, raw.cursor(), None, set()
-        return self._cursor
-
-    def _outside_transaction(self) -> bool:
-        """No transaction is open. Django manages the transactions: outside ``atomic``, on a
-        driver connection in autocommit, there is none (cheaper to read than the driver's
-        transaction status)."""
-        return not self.connection.in_atomic_block and self._driver_cursor().connection.autocommit
+            self._raw, self._pid, self._prepared = raw, None, set()
+            result = raw.pgconn.exec_(b"SELECT pg_is_in_recovery()")
+            if result.status != _TUPLES_OK:
+                self._raw = None
+                self._raise(result)
+            if result.get_value(0, 0) == b"t":
+                self._raw = None
+                raise replica_error(self.describe(), "is a standby (pg_is_in_recovery())")
+        return raw
 
     def _guard(self) -> str:
         return "" if self._pid is None else str(self._pid)
@@ -288,18 +354,41 @@ class PostgreSQLBackend(LockBackend):
         if not self._same_server(row[1]):
             # The guard kept the statement from locking anything on that other connection.
             raise NotSupportedError(self.session_lock_problem())
-        return row[0] is not False
+        return row[0] is not False  # a wait returns void (None), a try a boolean
+
+
+def _begin(raw: Any) -> bytes | None:
+    """The BEGIN psycopg sends for ``raw``: plain, or None when it adds options (an isolation
+    level, read only, deferrable) that we leave psycopg to write."""
+    if raw.isolation_level is None and raw.read_only is None and raw.deferrable is None:
+        return b"BEGIN"
+    return None
 
 
 def _args(values: tuple[int, ...]) -> str:
     return ", ".join(map(str, values))
 
 
-def _fetch(cursor: Any, sql: bytes | str, fetch: bool, after_first: bool) -> tuple[Any, ...]:
+def _row(result: Any) -> tuple[Any, ...]:
+    """The first row of a libpq result of our statements, whose columns are booleans or
+    integers (a NULL is None)."""
+    if not result.ntuples:
+        return ()
+    row: list[Any] = []
+    for column in range(result.nfields):
+        value = result.get_value(0, column)
+        if value is None:
+            row.append(None)
+        elif result.ftype(column) == _BOOL_OID:
+            row.append(value == b"t")
+        else:
+            row.append(int(value))
+    return tuple(row)
+
+
+def _fetch(cursor: Any, sql: bytes | str, fetch: bool) -> tuple[Any, ...]:
     cursor.execute(sql)
-    if after_first:
-        cursor.nextset()
-    return cursor.fetchone() if fetch else ()
+    return tuple(cursor.fetchone()) if fetch else ()
 
 
 # Errors that are outcomes the backend handles, not failures.
@@ -422,5 +511,5 @@ def reset_pooled_connection(connection: Any) -> None:
     """``OPTIONS["pool"]["reset"]`` for Django's PostgreSQL pool: drop every advisory lock
     a borrower left on a connection before the next borrower gets it."""
     connection.execute("SELECT pg_advisory_unlock_all()")
-    if connection.info.transaction_status != TransactionStatus.IDLE:
+    if connection.info.transaction_status != _IDLE:
         connection.rollback()

@@ -1,0 +1,125 @@
+"""The lock's statements through the drivers' low-level calls: round trips, transactions
+left as Django expects them, and waits that a signal still interrupts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from django.db import DatabaseError
+from django.db import connections
+from django.db import transaction
+from django.test import override_settings
+from psycopg import IsolationLevel
+from psycopg import pq
+
+from advisory_lock import advisory_lock
+from advisory_lock.backends import inspector_for
+from tests.probes import is_free
+from tests.processes import Workers
+from tests.test_locks import held_elsewhere
+from tests.wire import round_trips
+
+servers = pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+postgresql_only = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+
+
+@pytest.fixture
+def workers():
+    started = Workers()
+    try:
+        yield started
+    finally:
+        started.kill_all()
+
+
+@servers
+def test_an_uncontended_try_and_release_are_one_round_trip_each(using):
+    for _ in range(3):  # the first ones learn the server pid and prepare the statements
+        with advisory_lock("trips", using=using, wait=False):
+            pass
+    for wait in (False, True):
+        with round_trips(using) as trips:
+            with advisory_lock("trips", using=using, wait=wait) as handle:
+                assert handle.acquired
+        assert trips.count == 2
+
+
+@postgresql_only
+def test_a_transaction_lock_that_is_the_first_statement_sends_the_begin_with_it(using):
+    connection = connections[using]
+    with advisory_lock("first-statement", using=using):  # the connection's first check
+        pass
+    with transaction.atomic(using=using):
+        with round_trips(using) as trips:
+            with advisory_lock("first-statement", using=using):
+                pass
+        assert trips.count == 1
+        pgconn = connection.connection.pgconn
+        assert pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        assert not is_free("first-statement", using)
+    assert pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert is_free("first-statement", using)
+
+
+@postgresql_only
+def test_a_transaction_lock_leaves_the_begin_to_psycopg_when_it_adds_options(using):
+    connection = connections[using]
+    connection.ensure_connection()
+    connection.connection.isolation_level = IsolationLevel.SERIALIZABLE
+    try:
+        with transaction.atomic(using=using):
+            with advisory_lock("isolation", using=using):
+                pass
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW transaction_isolation")
+                assert cursor.fetchone()[0] == "serializable"
+            assert not is_free("isolation", using)
+        assert is_free("isolation", using)
+    finally:
+        connection.close()
+
+
+@postgresql_only
+@pytest.mark.parametrize("logged", [False, True], ids=["unlogged", "logged"])
+def test_a_release_during_the_rollback_leaves_autocommit_as_django_restores_it(using, logged):
+    # The session lock's block ends in a failed transaction: its release runs while Django
+    # rolls back, before it restores autocommit, which must still succeed.
+    connection = connections[using]
+    with override_settings(DEBUG=logged):
+        with pytest.raises(DatabaseError) as excinfo:
+            with transaction.atomic(using=using):
+                with advisory_lock("aborted", using=using, scope="session"):
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT 1/0")
+        assert "division by zero" in str(excinfo.value)
+        assert connection.get_autocommit()
+        assert connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        assert is_free("aborted", using)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+
+@pytest.mark.parametrize("using", ["default", "postgresql"], indirect=True)
+def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
+    # PostgreSQL waits through a psycopg cursor, whose wait runs Python's signal handlers;
+    # SQLite waits in flock(), which a signal interrupts. (A blocking libpq call would defer
+    # the handler until the lock came.)
+    key = f"interruptible-{uuid.uuid4().hex[:8]}"
+    with held_elsewhere(key, using) as holder:
+        waiter = workers.start("--using", using, "hold", key)
+        # Until the waiter is seen waiting: the database's view, or the kernel's for SQLite.
+        inspector = inspector_for(connections[using])
+        for _ in range(3000):  # a bound only against a waiter that never comes
+            if any(not row.granted for row in inspector.list_locks({}).rows):
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the waiter never showed up waiting")
+        os.kill(waiter.proc.pid, signal.SIGINT)
+        status = waiter.proc.wait(30)
+        assert status != 0 and "KeyboardInterrupt" in waiter.stderr()
+        assert holder.thread.is_alive()  # the lock was still held throughout

@@ -1,5 +1,9 @@
 """The ``job_runs`` ledger: at most one successful run per job and slot, and who ran what.
 
+``JobRun`` is the table, one row per attempt at a job's slot (``advisory_lock.models`` gives
+it to Django); the functions here are its operations, which its queryset and its
+``assert_current()`` call on their database.
+
 Each claim of a slot inserts a row: attempt 1, or the next attempt of a slot whose latest
 attempt failed or was abandoned. The unique (job, slot, attempt) constraint lets only one of
 two racing claimers in; a slot whose latest attempt is running or succeeded is taken. The
@@ -12,27 +16,23 @@ update): a run whose row was taken over meanwhile raises ``LockLost`` and writes
 
 Every write runs on a connection of its own, in autocommit, so that it commits at once
 whatever transaction the caller is in; locks are taken through the alias's DIRECT_ALIAS.
+``run_once`` (``advisory_lock.once``) and single-instance runs (``GuardedRun``) use them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
-import inspect
-import logging
 import os
 import socket
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
-from asgiref.sync import sync_to_async
 from django.db import IntegrityError
 from django.db import connections
+from django.db import models
 from django.db import router
 from django.db import transaction
 
@@ -42,136 +42,134 @@ from advisory_lock.conf import get_setting
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
+from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
-from advisory_lock.models import JobRun
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
-from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_flag
-from advisory_lock.validation import check_seconds
 
-if TYPE_CHECKING:
-    from advisory_lock.single_instance import GuardedRun
-
-logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
-Func = TypeVar("Func", bound=Callable[..., Any])
 MAX_ERROR_LENGTH = 10_000
-Status = JobRun.Status
 
 
-class run_once:
-    """Claim the job's slot, run the body, record ``succeeded`` or ``failed``.
+class JobRunQuerySet(models.QuerySet["JobRun"]):
+    """The ledger's operations on the rows of one database (``JobRun.objects.using(alias)``):
+    the functions below, on this queryset's database."""
 
-    As a context manager it gives the running ``JobRun``, or ``None`` when the slot is
-    already taken or another instance is running the job (the body then returns early). As a
-    decorator a skipped call returns ``None`` without running. The lock ``job:<job_name>``
-    is held on a connection of its own during the run and watched every ``heartbeat``
-    seconds, as for single-instance commands: a lost lock raises ``LockLost``.
-    """
-
-    def __init__(
+    def claim(
         self,
         job_name: str,
-        *,
         period: Period = "daily",
-        using: str | None = None,
+        *,
         retry_failed: bool = True,
-        heartbeat: float = 10,
-    ) -> None:
-        self.job_name = check_job_name(job_name)
-        self.period = check_period(period)
-        self.using = check_alias(using)
-        self.retry_failed = check_flag("retry_failed", retry_failed)
-        self.heartbeat = check_seconds("heartbeat", heartbeat, allow_zero=False)
-        self._stacks: dict[object, list[GuardedRun | None]] = {}
+        lock_key: Key | str = "",
+    ) -> JobRun | None:
+        """Claim ``job_name``'s current slot: the new running JobRun, or None if the slot is
+        taken (by a running or succeeded attempt) or the job is running.
 
-    def __enter__(self) -> JobRun | None:
-        guarded = self._guarded()
-        started = guarded.start()
-        self._push(guarded if started else None)
-        if not started:
-            logger.info("%s", guarded.skipped)
-            return None
-        return guarded.run
+        A failed or abandoned slot is claimed again as the next attempt, unless
+        ``retry_failed=False``. The claim is written on a connection of its own and commits
+        at once, whatever transaction the caller is in. ``lock_key`` names a lock that the
+        caller holds for the whole run; without it, the claim takes ``job:<job_name>`` on a
+        connection of its own, held by the returned run until ``finish(run)``. Either way
+        the run's row names its lock, so that a dead owner's row can be proven abandoned.
+        """
+        return self.claim_slot(job_name, period, retry_failed=retry_failed, lock_key=lock_key)[0]
 
-    def __exit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
-        guarded = self._pop()
-        if guarded is not None:
-            guarded.end(exc_value)
+    def claim_slot(
+        self,
+        job_name: str,
+        period: Period = "daily",
+        *,
+        retry_failed: bool = True,
+        lock_key: Key | str = "",
+    ) -> tuple[JobRun | None, JobRun | None]:
+        """Like ``claim()``, and also return the slot's latest run when refused."""
+        return claim(self.db, job_name, period, retry_failed=retry_failed, lock_key=lock_key)
 
-    async def __aenter__(self) -> JobRun | None:
-        # The lock's connection and the ledger's writes are connections of their own: their
-        # statements may run in any thread, without holding up the thread of the ORM calls.
-        guarded = self._guarded()
-        started = await sync_to_async(guarded.start, thread_sensitive=False)()
-        self._push(guarded if started else None)
-        if not started:
-            logger.info("%s", guarded.skipped)
-            return None
-        return guarded.run
+    def finish(self, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
+        """Record the end of ``run`` (``LockLost`` if another instance took it over)."""
+        finish(self.db, run, error=error, timeout=timeout)
 
-    async def __aexit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
-        guarded = self._pop()
-        if guarded is not None:
-            await sync_to_async(guarded.end, thread_sensitive=False)(exc_value)
-
-    def __call__(self, func: Func) -> Func:
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_inner(*args: Any, **kwargs: Any) -> Any:
-                async with self as run:
-                    if run is None:
-                        return None
-                    return await func(*args, **kwargs)
-
-            return async_inner  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            with self as run:
-                if run is None:
-                    return None
-                return func(*args, **kwargs)
-
-        return inner  # type: ignore[return-value]
-
-    def _guarded(self) -> GuardedRun:
-        from advisory_lock.single_instance import GuardedRun
-
-        return GuardedRun(
-            f"job:{self.job_name}",
-            using=self.using,
-            label=self.job_name,
-            heartbeat=self.heartbeat,
-            period=self.period,
-            retry_failed=self.retry_failed,
-        )
-
-    # The runs this object is in, innermost last: per asyncio task in async code, else per
-    # thread (one object may be used by several at once).
-
-    def _push(self, guarded: GuardedRun | None) -> None:
-        self._stacks.setdefault(_owner(), []).append(guarded)
-
-    def _pop(self) -> GuardedRun | None:
-        owner = _owner()
-        stack = self._stacks[owner]
-        guarded = stack.pop()
-        if not stack:
-            del self._stacks[owner]
-        return guarded
+    def mark_abandoned(
+        self, *, job_name: str | None = None, period: str | None = None, force: bool = False
+    ) -> int:
+        """Mark running rows whose lock is free as abandoned; return how many."""
+        return mark_abandoned(self.db, job_name=job_name, period=period, force=force)
 
 
-def _owner() -> object:
-    """The asyncio task running this code, else the thread."""
-    with contextlib.suppress(RuntimeError):  # no running event loop: sync code
-        return asyncio.current_task()
-    return threading.get_ident()
+class JobRun(models.Model):
+    """One attempt at a job's slot (period): unique per (job_name, period, attempt)."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        ABANDONED = "abandoned", "abandoned"
+
+    job_name = models.CharField(max_length=200)
+    period = models.CharField(max_length=64, help_text="The run's slot, e.g. 2026-11-29.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    started_at = models.DateTimeField(help_text="By the database server's clock.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration = models.DurationField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+    error = models.TextField(blank=True, help_text="The end of a failed run's traceback.")
+    lock_key = models.TextField(
+        blank=True,
+        help_text="The lock guarding the run (its key's identity); free means abandoned.",
+    )
+
+    objects = JobRunQuerySet.as_manager()
+
+    class Meta:
+        db_table = "job_runs"
+        verbose_name = "job run"
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job_name", "period", "attempt"], name="job_runs_job_period_attempt_uniq"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["-started_at"], name="job_runs_started_idx"),
+            models.Index(fields=["status", "-started_at"], name="job_runs_status_started_idx"),
+            # Serves the admin's job filter, job + status, and their counts (index-only).
+            models.Index(
+                fields=["job_name", "status", "-started_at"], name="job_runs_job_status_idx"
+            ),
+        ]
+
+    #: The lock guarding the run, when it was claimed in this process.
+    lock: DedicatedLock | None = None
+    #: The lock a bare ``claim()`` took for the run, released by ``finish()``.
+    claimed_lock: DedicatedLock | None = None
+
+    def __str__(self) -> str:
+        return f"{self.job_name} [{self.period}] {self.status}"
+
+    @property
+    def fence(self) -> int:
+        """The run's fencing token: it grows with every claim of a job, retries included.
+
+        A system the job writes to can store the highest fence it has seen and refuse a
+        write with a lower one: a run that lost its lock and was taken over can't
+        overwrite its successor's work.
+        """
+        return int(self.pk)
+
+    def assert_current(self, using: str | None = None) -> None:
+        """Raise ``LockLost`` unless this run is still its slot's running attempt and its
+        lock is still held; inside ``atomic`` the row stays locked until the commit."""
+        assert_current(self, using)
+
+
+Status = JobRun.Status
 
 
 def claim(

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from typing import TypeVar
 
 from django.db import connections
 
@@ -34,6 +37,7 @@ from advisory_lock.validation import check_seconds
 
 JOB_OPTIONS = ("period", "grace")
 UTC = datetime.timezone.utc
+Source = TypeVar("Source", bound=Callable[[], Iterable["Expectation"]])
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class OverdueJob:
 
 # Jobs declared in code by @single_instance on functions: {job name: Expectation}.
 _declared_in_code: dict[str, Expectation] = {}
+# Functions that find the jobs declared elsewhere in code, registered by the modules that know
+# where to look (the single-instance commands: ``advisory_lock.single_instance.commands``).
+_sources: list[Callable[[], Iterable[Expectation]]] = []
 
 
 def declare(job_name: str, period: str, grace: float) -> None:
@@ -97,13 +104,20 @@ def declare(job_name: str, period: str, grace: float) -> None:
     _declared_in_code[job_name] = Expectation(job_name, period, grace)
 
 
+def declaration_source(source: Source) -> Source:
+    """Register ``source``, a function returning jobs declared in code, for ``declared_jobs()``
+    to call each time (a decorator)."""
+    if source not in _sources:
+        _sources.append(source)
+    return source
+
+
 def declared_jobs() -> dict[str, Expectation]:
     """Every declared job: ADVISORY_LOCK["JOBS"], then the project's single-instance commands
     and the functions imported so far (settings win over code)."""
-    from advisory_lock.single_instance import declared_command_jobs
-
     jobs = dict(_declared_in_code)
-    jobs.update((job.job_name, job) for job in declared_command_jobs())
+    for source in _sources:
+        jobs.update((job.job_name, job) for job in source())
     with contextlib.suppress(ValueError):  # a bad schedule is the system checks' to report
         for name, entry in schedule_entries().items():
             if entry.grace is not None:

@@ -17,6 +17,7 @@ from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.overdue import Expectation
+from advisory_lock.overdue import declaration_source
 from advisory_lock.periods import Period
 from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost
@@ -144,8 +145,10 @@ def declared_lock_names() -> list[str]:
     return names
 
 
+@declaration_source
 def declared_command_jobs() -> list[Expectation]:
-    """The jobs that single-instance commands declare: a named ledger period and a grace."""
+    """The jobs that single-instance commands declare: a named ledger period and a grace
+    (registered with ``advisory_lock.overdue``, whose report calls it)."""
     jobs = []
     for command_class in single_instance_commands():
         period, grace = _setting(command_class, "lock_ledger"), command_class.lock_grace

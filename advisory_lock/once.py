@@ -1,0 +1,142 @@
+"""``run_once``: a block or a function that runs at most once per slot of the ``job_runs``
+ledger, one instance at a time: a ``GuardedRun`` (the machinery of single-instance commands)
+under the lock ``job:<job_name>``, around the body.
+
+Imported on first use of ``advisory_lock.run_once``, not with the package: the ledger needs
+Django's app registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+
+from asgiref.sync import sync_to_async
+
+from advisory_lock.models import JobRun
+from advisory_lock.periods import Period
+from advisory_lock.periods import check_job_name
+from advisory_lock.periods import check_period
+from advisory_lock.single_instance import GuardedRun
+from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_flag
+from advisory_lock.validation import check_seconds
+
+logger = logging.getLogger("advisory_lock")
+Func = TypeVar("Func", bound=Callable[..., Any])
+
+
+class run_once:
+    """Claim the job's slot, run the body, record ``succeeded`` or ``failed``.
+
+    As a context manager it gives the running ``JobRun``, or ``None`` when the slot is
+    already taken or another instance is running the job (the body then returns early). As a
+    decorator a skipped call returns ``None`` without running. The lock ``job:<job_name>``
+    is held on a connection of its own during the run and watched every ``heartbeat``
+    seconds, as for single-instance commands: a lost lock raises ``LockLost``.
+    """
+
+    def __init__(
+        self,
+        job_name: str,
+        *,
+        period: Period = "daily",
+        using: str | None = None,
+        retry_failed: bool = True,
+        heartbeat: float = 10,
+    ) -> None:
+        self.job_name = check_job_name(job_name)
+        self.period = check_period(period)
+        self.using = check_alias(using)
+        self.retry_failed = check_flag("retry_failed", retry_failed)
+        self.heartbeat = check_seconds("heartbeat", heartbeat, allow_zero=False)
+        self._stacks: dict[object, list[GuardedRun | None]] = {}
+
+    def __enter__(self) -> JobRun | None:
+        guarded = self._guarded()
+        started = guarded.start()
+        self._push(guarded if started else None)
+        if not started:
+            logger.info("%s", guarded.skipped)
+            return None
+        return guarded.run
+
+    def __exit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
+        guarded = self._pop()
+        if guarded is not None:
+            guarded.end(exc_value)
+
+    async def __aenter__(self) -> JobRun | None:
+        # The lock's connection and the ledger's writes are connections of their own: their
+        # statements may run in any thread, without holding up the thread of the ORM calls.
+        guarded = self._guarded()
+        started = await sync_to_async(guarded.start, thread_sensitive=False)()
+        self._push(guarded if started else None)
+        if not started:
+            logger.info("%s", guarded.skipped)
+            return None
+        return guarded.run
+
+    async def __aexit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
+        guarded = self._pop()
+        if guarded is not None:
+            await sync_to_async(guarded.end, thread_sensitive=False)(exc_value)
+
+    def __call__(self, func: Func) -> Func:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                async with self as run:
+                    if run is None:
+                        return None
+                    return await func(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self as run:
+                if run is None:
+                    return None
+                return func(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    def _guarded(self) -> GuardedRun:
+        return GuardedRun(
+            f"job:{self.job_name}",
+            using=self.using,
+            label=self.job_name,
+            heartbeat=self.heartbeat,
+            period=self.period,
+            retry_failed=self.retry_failed,
+        )
+
+    # The runs this object is in, innermost last: per asyncio task in async code, else per
+    # thread (one object may be used by several at once).
+
+    def _push(self, guarded: GuardedRun | None) -> None:
+        self._stacks.setdefault(_owner(), []).append(guarded)
+
+    def _pop(self) -> GuardedRun | None:
+        owner = _owner()
+        stack = self._stacks[owner]
+        guarded = stack.pop()
+        if not stack:
+            del self._stacks[owner]
+        return guarded
+
+
+def _owner() -> object:
+    """The asyncio task running this code, else the thread."""
+    with contextlib.suppress(RuntimeError):  # no running event loop: sync code
+        return asyncio.current_task()
+    return threading.get_ident()

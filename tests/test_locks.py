@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -491,3 +492,37 @@ def test_in_async_code_a_sync_lock_is_refused_as_django_refuses_sync_queries(usi
 
     assert asyncio.run(through_sync_to_async()) == (True, True)
     assert is_free("async", using)
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback", "savepoint-rollback"])
+def test_lock_released_is_sent_once_when_a_transaction_lock_ends(using, outcome):
+    # Every backend tells lock_released at the moment the transaction (or savepoint) that
+    # held the lock ends, commit or rollback: PostgreSQL's server releases it then, and the
+    # others release it then.
+    from advisory_lock import lock_released
+
+    heard = []
+    this_thread = threading.get_ident()
+
+    def receiver(sender, key, **kwargs):
+        if threading.get_ident() == this_thread:  # not the probe's own lock in its thread
+            heard.append((key, is_free(key, using)))
+
+    lock_released.connect(receiver)
+    try:
+        with transaction.atomic(using=using):
+            try:
+                with transaction.atomic(using=using):
+                    with advisory_lock("signalled", using=using):
+                        assert heard == []
+                    if outcome == "savepoint-rollback":
+                        raise ZeroDivisionError
+                if outcome == "rollback":
+                    transaction.set_rollback(True, using=using)
+            except ZeroDivisionError:
+                assert heard == [("signalled", True)]
+            else:
+                assert heard == []
+        assert heard == [("signalled", True)]
+    finally:
+        lock_released.disconnect(receiver)

@@ -41,6 +41,7 @@ from dataclasses import field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -140,6 +141,45 @@ def postgresql_variants() -> tuple[list[Variant], Any]:
             fetchone()
             execute("COMMIT")
 
+    def raw_blocking(n: int, k: int = K + 13) -> None:
+        execute, fetchone = raw_cur.execute, raw_cur.fetchone
+        for _ in range(n):
+            execute("SELECT pg_advisory_lock(%s)", (k,))
+            fetchone()
+            execute("SELECT pg_advisory_unlock(%s)", (k,))
+            fetchone()
+
+    # The C API loop: the library's own two statements (guarded by the server pid) through
+    # libpq, prepared once, on a connection of its own; no library code.
+    c_api = psycopg.connect(**PG_PARAMS, autocommit=True).pgconn
+    pid = c_api.backend_pid
+    c_api.prepare(
+        b"c_try",
+        b"SELECT CASE WHEN pg_backend_pid() = $1 THEN pg_try_advisory_lock($2) END, "
+        b"pg_backend_pid()",
+        [23, 20],
+    )
+    c_api.prepare(
+        b"c_unlock",
+        b"SELECT CASE WHEN pg_backend_pid() = $1 THEN pg_advisory_unlock($2) END, "
+        b"pg_backend_pid()",
+        [23, 20],
+    )
+
+    def c_api_try(n: int, k: int = K + 14) -> None:
+        exec_prepared = c_api.exec_prepared
+        values = [str(pid).encode(), str(k).encode()]
+        for _ in range(n):
+            exec_prepared(b"c_try", values).get_value(0, 0)
+            exec_prepared(b"c_unlock", values).get_value(0, 0)
+
+    def c_api_xact(n: int, k: int = K + 15) -> None:
+        exec_ = c_api.exec_
+        begin_and_lock = f"BEGIN; SELECT pg_try_advisory_xact_lock({k})".encode()
+        for _ in range(n):
+            exec_(begin_and_lock).get_value(0, 0)
+            exec_(b"COMMIT")
+
     def driver_cursor(n: int, k: int = K + 3) -> None:
         cursor = conn.connection.cursor()  # Django's psycopg connection: a ClientCursor
         execute, fetchone = cursor.execute, cursor.fetchone
@@ -195,6 +235,24 @@ def postgresql_variants() -> tuple[list[Variant], Any]:
             raw_xact,
             lambda: raw,
             own_statements=3,
+        ),
+        Variant(
+            "raw psycopg `pg_advisory_lock` + `pg_advisory_unlock` (blocking, autocommit)",
+            raw_blocking,
+            lambda: raw,
+            own_statements=2,
+        ),
+        Variant(
+            "C API loop: the library's two statements through libpq (`exec_prepared`)",
+            c_api_try,
+            lambda: SimpleNamespace(pgconn=c_api),
+            own_statements=2,
+        ),
+        Variant(
+            "C API loop: `BEGIN; pg_try_advisory_xact_lock` + COMMIT through libpq (`exec_`)",
+            c_api_xact,
+            lambda: SimpleNamespace(pgconn=c_api),
+            own_statements=2,
         ),
         Variant(
             "the same two on Django's driver connection, reused cursor (client-side binding)",
@@ -254,6 +312,27 @@ def mysql_variants() -> tuple[list[Variant], Any]:
             execute("SELECT RELEASE_LOCK(%s)", (name,))
             fetchone()
 
+    def raw_blocking(n: int, name: str = prefix + "raw-blocking") -> None:
+        execute, fetchone = raw_cur.execute, raw_cur.fetchone
+        for _ in range(n):
+            execute("SELECT GET_LOCK(%s, 2147483647)", (name,))
+            fetchone()
+            execute("SELECT RELEASE_LOCK(%s)", (name,))
+            fetchone()
+
+    # The C API loop: the same statements through the documented query() / store_result().
+    c_api = MySQLdb.connect(**MY_PARAMS, charset="utf8mb4", autocommit=True)
+
+    def c_api_try(n: int, name: str = prefix + "c-api") -> None:
+        query, store_result = c_api.query, c_api.store_result
+        get_lock = f"SELECT GET_LOCK('{name}', 0)".encode()
+        release_lock = f"SELECT RELEASE_LOCK('{name}')".encode()
+        for _ in range(n):
+            query(get_lock)
+            store_result().fetch_row()
+            query(release_lock)
+            store_result().fetch_row()
+
     def django_cursor(n: int, name: str = prefix + "django") -> None:
         for _ in range(n):
             with conn.cursor() as cursor:
@@ -282,6 +361,18 @@ def mysql_variants() -> tuple[list[Variant], Any]:
             "raw MySQLdb `GET_LOCK(k, 0)` + `RELEASE_LOCK(k)`",
             raw_try,
             lambda: raw,
+            own_statements=2,
+        ),
+        Variant(
+            "raw MySQLdb `GET_LOCK(k, 2147483647)` + `RELEASE_LOCK(k)` (blocking)",
+            raw_blocking,
+            lambda: raw,
+            own_statements=2,
+        ),
+        Variant(
+            "C API loop: the same two through `query()` / `store_result()`",
+            c_api_try,
+            lambda: c_api,
             own_statements=2,
         ),
         Variant("the same through Django's cursor", django_cursor, django_conn),
@@ -432,6 +523,72 @@ def table(title: str, variants: list[Variant], pairs: int, rounds: int, notes: b
     return "\n".join(lines)
 
 
+#: The issue's targets: (what, the library's variant, the baseline's, the least ratio).
+TARGETS = {
+    "PostgreSQL": [
+        (
+            "try + release vs the raw cursor",
+            "advisory_lock(k, wait=False)",
+            "raw psycopg `pg_try",
+            1.0,
+        ),
+        (
+            "blocking acquire + release vs the raw cursor",
+            "advisory_lock(k): session",
+            "raw psycopg `pg_advisory_lock`",
+            1.0,
+        ),
+        (
+            "xact lock in atomic vs the raw cursor's BEGIN/lock/COMMIT",
+            "`atomic()` + advisory_lock",
+            "raw psycopg: BEGIN",
+            1.0,
+        ),
+        (
+            "try + release vs the C API loop",
+            "advisory_lock(k, wait=False)",
+            "C API loop: the library's",
+            0.85,
+        ),
+        (
+            "xact lock in atomic vs the C API loop",
+            "`atomic()` + advisory_lock",
+            "C API loop: `BEGIN",
+            0.85,
+        ),
+    ],
+    "MariaDB": [
+        (
+            "try + release vs the raw cursor",
+            "advisory_lock(k, wait=False)",
+            "raw MySQLdb `GET_LOCK(k, 0)`",
+            1.0,
+        ),
+        (
+            "blocking acquire + release vs the raw cursor",
+            "advisory_lock(k): session",
+            "raw MySQLdb `GET_LOCK(k, 2147483647)`",
+            1.0,
+        ),
+        ("try + release vs the C API loop", "advisory_lock(k, wait=False)", "C API loop", 0.85),
+    ],
+}
+
+
+def targets(title: str, variants: list[Variant]) -> str:
+    """The ratios the targets name: the baseline's time over the library's (1.0 = as fast)."""
+
+    def find(prefix: str) -> Variant:
+        return next(variant for variant in variants if variant.label.startswith(prefix))
+
+    lines = ["", f"Targets ({title}): ratio = baseline's µs / library's µs", ""]
+    for what, library, baseline, least in TARGETS[title]:
+        ratio = find(baseline).median / find(library).median
+        verdict = "met" if ratio >= least else "MISSED"
+        lines.append(f"- {what}: {ratio:.2f} (target >= {least:.2f}: {verdict})")
+    return "\n".join(lines)
+
+
 # Checks and the header.
 
 
@@ -570,9 +727,11 @@ def main(argv: list[str] | None = None) -> None:
     if pg_variants:
         check_released_pg(pg_raw)
         out.append(table("PostgreSQL", pg_variants, args.pairs, args.rounds, notes))
+        out.append(targets("PostgreSQL", pg_variants))
     if my_variants:
         check_released_mysql(my_raw)
         out.append(table("MariaDB", my_variants, args.pairs, args.rounds, notes))
+        out.append(targets("MariaDB", my_variants))
     print("\n\n".join(out))
 
 

@@ -129,7 +129,7 @@ class MySQLBackend(LockBackend):
                 return tuple(cursor.fetchone())
         raw = self._driver_connection()
         try:
-            raw.query(sql.encode())
+            raw.query(sql.encode(raw.encoding))
             rows: tuple[tuple[Any, ...], ...] = raw.store_result().fetch_row()
         except Exception:
             with connection.wrap_database_errors:

@@ -28,6 +28,16 @@ test:
 	$(VENV)/bin/mypy --cache-dir $(VENV)/mypy_cache advisory_lock
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+## Build the docs site into build/docs (Sphinx, docs/conf.py); a warning, such as a broken link,
+## fails the build. Read the Docs builds the same (.readthedocs.yaml).
+.PHONY: docs
+docs:
+	scripts/setup.sh
+	cmp -s docs/requirements.txt $(VENV)/.docs-installed || { \
+		$(PY) -m pip install -q -r docs/requirements.txt \
+		&& cp docs/requirements.txt $(VENV)/.docs-installed; }
+	$(VENV)/bin/sphinx-build -W --keep-going -E -q -b html docs build/docs
+
 ## Measure lock throughput against the raw drivers (figures and method: bench/README.md).
 bench:
 	EXTRAS=postgres,mysql,test,bench scripts/setup.sh --servers

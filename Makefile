@@ -5,7 +5,7 @@ DJANGO ?= Django>=5.2,<6
 export PYTHON VENV DJANGO
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench serve setup clean
+.PHONY: demo test bench serve setup dist clean
 
 ## Run the demo: 4 instances of a locked command start at once; exactly one does the work.
 demo:
@@ -40,11 +40,21 @@ docs:
 
 ## Measure lock throughput against the raw drivers (figures and method: bench/README.md).
 bench:
-	EXTRAS=postgres,mysql,test,bench scripts/setup.sh --servers
+	DEPENDENCY_GROUPS=test,bench scripts/setup.sh --servers
 	$(PY) bench/locks.py
 
 setup:
 	scripts/setup.sh --servers
 
+## Build the sdist and the wheel into dist/ and check them (docs/releasing.md); the release
+## workflow (.github/workflows/release.yml) runs this target and publishes what it built.
+dist:
+	scripts/setup.sh
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+	$(PY) tests/test_packaging.py dist/*
+
 clean:
 	rm -rf .venv .venv-* testproject/demo.sqlite3 testproject/demo.sqlite3.locks
+	rm -rf dist build *.egg-info

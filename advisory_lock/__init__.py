@@ -16,6 +16,9 @@ from advisory_lock.signals import lock_released
 from advisory_lock.single_instance import SingleInstanceMixin
 from advisory_lock.single_instance import single_instance
 
+#: The distribution's version; pyproject.toml reads it from here (the one place it is set).
+__version__ = "0.1.0"
+
 # Imported on first use, not with the package: the ledger and inspection need Django's app
 # registry, and the pool reset needs psycopg.
 _LAZY = {

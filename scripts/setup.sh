@@ -2,13 +2,16 @@
 # Everything a fresh clone needs: system packages, the virtualenv, and (with --servers) the
 # PostgreSQL and MariaDB servers running. Safe to run again: it only does what is missing.
 #   scripts/setup.sh [--servers]
-# Environment: PYTHON (python3), VENV (.venv), DJANGO (Django>=5.2,<6), EXTRAS (postgres,mysql,test)
+# Environment: PYTHON (python3), VENV (.venv), DJANGO (Django>=5.2,<6), EXTRAS (postgres,mysql:
+# the package's extras), DEPENDENCY_GROUPS (test: pyproject.toml's development-only groups)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 DJANGO=${DJANGO:-Django>=5.2,<6}
-EXTRAS=${EXTRAS:-postgres,mysql,test}
+EXTRAS=${EXTRAS:-postgres,mysql}
+# Not GROUPS: bash keeps that name for the user's group ids and ignores assignments to it.
+DEPENDENCY_GROUPS=${DEPENDENCY_GROUPS:-test}
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -55,11 +58,15 @@ if [ "${1:-}" = --servers ]; then
 fi
 
 stamp="$VENV/.installed"
-wanted="$(cat pyproject.toml) $DJANGO $EXTRAS $($PYTHON --version 2>&1)"
+wanted="$(cat pyproject.toml) $DJANGO $EXTRAS $DEPENDENCY_GROUPS $($PYTHON --version 2>&1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "setup: creating $VENV with $($PYTHON --version 2>&1) and $DJANGO"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "$DJANGO"
+  # pip 25.1 is the first to install PEP 735 dependency groups (--group).
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
+  group_args=()
+  IFS=, read -ra names <<< "$DEPENDENCY_GROUPS"
+  for name in "${names[@]}"; do group_args+=(--group "$name"); done
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "${group_args[@]}" "$DJANGO"
   printf '%s' "$wanted" > "$stamp"
 fi

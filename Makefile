@@ -33,9 +33,7 @@ test:
 .PHONY: docs
 docs:
 	scripts/setup.sh
-	cmp -s docs/requirements.txt $(VENV)/.docs-installed || { \
-		$(PY) -m pip install -q -r docs/requirements.txt \
-		&& cp docs/requirements.txt $(VENV)/.docs-installed; }
+	$(PY) -m pip install -q --group docs
 	$(VENV)/bin/sphinx-build -W --keep-going -E -q -b html docs build/docs
 
 ## Measure lock throughput against the raw drivers (figures and method: bench/README.md).

@@ -15,6 +15,8 @@ import pytest
 import advisory_lock
 
 ROOT = Path(__file__).resolve().parent.parent
+if not (ROOT / "docs" / "api.md").is_file():
+    pytest.skip("no docs/ here (the sdist leaves it out)", allow_module_level=True)
 PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^\s`]*)")
 

@@ -17,6 +17,7 @@ from django.db import router
 from django.http import HttpRequest
 from django.http import HttpResponse
 from django.http import HttpResponseRedirect
+from django.http import QueryDict
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.urls import reverse
@@ -31,8 +32,10 @@ from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
 from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
+from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduler import Scheduler
+from advisory_lock.validation import check_text
 
 logger = logging.getLogger("advisory_lock")
 
@@ -126,6 +129,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """The runs, and above them the declared jobs that are overdue."""
+        _ignore_unusable_filters(request)
         try:
             overdue = overdue_jobs(router.db_for_read(JobRun))
         except DatabaseError as error:
@@ -227,6 +231,29 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if using not in _lock_aliases():
             raise PermissionDenied  # not an alias with locks: nothing to show
         return using
+
+
+def _ignore_unusable_filters(request: HttpRequest) -> None:
+    """Drop the changelist's query parameters whose value no job run can hold, saying so.
+
+    A NUL (``?job_name=%00``) would reach the database, which PostgreSQL refuses with an
+    error (a 500), and a job name longer than its column matches nothing anyway.
+    """
+    ignored: dict[str, str] = {}
+    for name, values in request.GET.lists():
+        limit = MAX_JOB_NAME_LENGTH if name == RecentJobFilter.parameter_name else None
+        for value in values:
+            try:
+                check_text(name, value, max_length=limit)
+            except ValueError as error:
+                ignored.setdefault(name, str(error))
+    if not ignored:
+        return
+    kept = request.GET.copy()
+    for name, reason in ignored.items():
+        del kept[name]
+        messages.warning(request, f"The filter {name}= was ignored: {reason}")
+    request.GET = QueryDict(kept.urlencode())  # immutable, as Django makes it
 
 
 def _lock_aliases() -> list[str]:

@@ -24,16 +24,22 @@ from advisory_lock.conf import get_setting
 from advisory_lock.keys import make_key
 from advisory_lock.metrics import metrics_problem
 from advisory_lock.overdue import job_problems
+from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import entry_problems
+from advisory_lock.validation import MAX_SECONDS
 
 POOL_MODES = ("transaction", "session")
 SCHEDULE_HINT = (
     'An entry is {"command": "nightly_report", "cron": "0 3 * * *"} or '
     '{"callable": "feeds.jobs.poll", "every": 30}, with optional args, catch_up, retries, '
-    "timeout and grace."
+    f"timeout and grace. Its name is the job name of its runs: at most {MAX_JOB_NAME_LENGTH} "
+    f"characters, without NUL; its seconds are at most a century ({MAX_SECONDS})."
 )
-JOBS_HINT = 'An entry is {"period": "daily", "grace": 7200}: a named period, and seconds.'
+JOBS_HINT = (
+    'An entry is {"period": "daily", "grace": 7200}: a named period, and seconds (at most a '
+    f"century, {MAX_SECONDS}), under a job name of at most {MAX_JOB_NAME_LENGTH} characters."
+)
 
 
 def lock_aliases() -> list[str]:
@@ -98,6 +104,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 for problem in job_problems(job_name, entry)
             ]
     messages += _check_schedule()
+    messages += _check_command_graces()
+    return messages
+
+
+def _check_command_graces() -> list[CheckMessage]:
+    """The ``lock_grace`` of single-instance commands: a grace the overdue report can use."""
+    from advisory_lock.single_instance.commands import command_label
+    from advisory_lock.single_instance.commands import grace_problem
+    from advisory_lock.single_instance.commands import single_instance_commands
+
+    messages: list[CheckMessage] = []
+    for command_class in single_instance_commands():
+        grace = command_class.lock_grace
+        if grace is not None and (problem := grace_problem(grace)):
+            messages.append(
+                Error(
+                    f"The single-instance command {command_label(command_class)}: {problem}",
+                    hint="Set lock_grace (or @single_instance(grace=...)) to the seconds after "
+                    "a slot's end when a slot without a successful run is overdue.",
+                    id="advisory_lock.E010",
+                )
+            )
     return messages
 
 

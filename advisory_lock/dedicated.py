@@ -26,6 +26,7 @@ from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_wait
 
 logger = logging.getLogger("advisory_lock")
 
@@ -69,6 +70,7 @@ class DedicatedLock:
 
     def acquire(self, wait: float) -> bool:
         """Take the lock, waiting at most ``wait`` seconds (0: try once)."""
+        check_wait("wait", wait, self.backend)  # before anything is taken
         started = monotonic()
         with self._mutex:
             acquired = self.backend.acquire(

@@ -45,11 +45,14 @@ from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
+from advisory_lock.periods import MAX_JOB_NAME_LENGTH
+from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
 from advisory_lock.validation import check_flag
+from advisory_lock.validation import check_text
 
 T = TypeVar("T")
 MAX_ERROR_LENGTH = 10_000
@@ -217,12 +220,25 @@ def claim_slot(
     ``still_held`` asks the database whether the caller still holds it: holding it proves a
     running row under the same lock orphaned, so that proof is checked when it is used.
     """
+    check_lock_key(held)
     run, taken = write(
         using, lambda: _claim(using, job_name, period, retry_failed, held, still_held)
     )
     if run is None:
         record_job_run("skipped", job_name, using)
     return run, taken
+
+
+def check_lock_key(key: LockKey) -> None:
+    """The row names its lock: a key whose name the ledger can't store (NUL) is refused."""
+    try:
+        check_text("lock_key", key.identity)
+    except ValueError:
+        raise ValueError(
+            f"lock_key {key.label} contains NUL (\\x00): a lock can have that name, but the "
+            f"ledger, which names each run's lock, can't store it on every database. Use a "
+            f"key without NUL for a job of the ledger."
+        ) from None
 
 
 def record_job_run(status: str, job_name: str, using: str, run: JobRun | None = None) -> None:
@@ -350,6 +366,10 @@ def mark_abandoned(
     """Mark running rows whose lock is free as abandoned; return how many. With ``force``
     (``job_name`` and ``period`` required), mark that slot's running row abandoned whatever
     its lock says: for when the operator knows better."""
+    if job_name is not None:
+        check_text("job_name", job_name, max_length=MAX_JOB_NAME_LENGTH)
+    if period is not None:
+        check_text("period", period, max_length=MAX_PERIOD_LENGTH)
     if force and not (job_name and period):
         raise ValueError("force=True needs the job name and the period of the slot.")
 

@@ -28,10 +28,12 @@ from django.db import connections
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
 from advisory_lock.periods import PERIODS
+from advisory_lock.periods import check_job_name
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
 from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
 
@@ -135,6 +137,10 @@ def job_problems(job_name: object, entry: object) -> list[str]:
     if not isinstance(job_name, str) or not job_name.strip():
         return [f"ADVISORY_LOCK['JOBS'] has a job name that is not a non-blank str: {job_name!r}."]
     where = f"ADVISORY_LOCK['JOBS'][{job_name!r}]"
+    try:
+        check_job_name(job_name, "its name")  # a job name of the ledger, which it looks up
+    except ValueError as error:
+        return [f"{where} names no job the ledger can hold: {error}"]
     if not isinstance(entry, dict):
         return [f"{where} must be a dict with 'period' and optionally 'grace', not {entry!r}."]
     problems = []
@@ -151,9 +157,12 @@ def job_problems(job_name: object, entry: object) -> list[str]:
         )
     grace = entry.get("grace", 0)
     try:
-        check_seconds("grace", grace)
+        check_seconds("grace", grace, maximum=MAX_SECONDS)
     except ValueError:
-        problems.append(f"{where}['grace'] must be a number of seconds >= 0, not {grace!r}.")
+        problems.append(
+            f"{where}['grace'] must be a number of seconds >= 0 and at most {MAX_SECONDS} (a "
+            f"century: a slot that long ago can be computed), not {grace!r}."
+        )
     return problems
 
 

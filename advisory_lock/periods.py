@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from advisory_lock.conf import get_setting
+from advisory_lock.validation import check_text
 
 Period = str | Callable[[datetime.datetime], str]
 PERIODS = ("once", "hourly", "daily", "weekly", "monthly")
@@ -17,20 +18,13 @@ MAX_PERIOD_LENGTH = 64
 MAX_JOB_NAME_LENGTH = 200
 
 
-def check_job_name(job_name: object) -> str:
-    """Return ``job_name`` if it is a usable job name; raise TypeError or ValueError."""
-    if not isinstance(job_name, str):
-        raise TypeError(f"job_name must be a str, not {type(job_name).__name__} ({job_name!r}).")
-    if not job_name.strip():
-        raise ValueError("job_name must be a non-blank string.")
-    if "\x00" in job_name:
-        raise ValueError(f"job_name {job_name!r} contains NUL, which PostgreSQL text can't hold.")
-    if len(job_name) > MAX_JOB_NAME_LENGTH:
-        raise ValueError(
-            f"job_name {job_name[:40]!r}... is {len(job_name)} characters long; the ledger's "
-            f"column holds {MAX_JOB_NAME_LENGTH}."
-        )
-    return job_name
+def check_job_name(job_name: object, name: str = "job_name") -> str:
+    """Return ``job_name`` if it is a usable job name (non-blank text the ledger's column
+    holds: see ``check_text``); raise TypeError or ValueError naming it ``name``."""
+    text = check_text(name, job_name, max_length=MAX_JOB_NAME_LENGTH)
+    if not text.strip():
+        raise ValueError(f"{name} must be a non-blank string.")
+    return text
 
 
 def check_period(period: object) -> Period:
@@ -64,11 +58,15 @@ def slot(period: Period, now: datetime.datetime) -> str:
     local = now.astimezone(ledger_time_zone())
     if callable(period):
         value = period(local)
-        if not isinstance(value, str) or not value.strip() or len(value) > MAX_PERIOD_LENGTH:
+        try:
+            check_text("slot", value, max_length=MAX_PERIOD_LENGTH)
+            if not value.strip():
+                raise ValueError(f"slot {value!r} is blank.")
+        except (TypeError, ValueError) as error:
             raise ValueError(
                 f"The period callable {period!r} must return a non-blank str of at most "
-                f"{MAX_PERIOD_LENGTH} characters; it returned {value!r}."
-            )
+                f"{MAX_PERIOD_LENGTH} characters that every database can store: {error}"
+            ) from None
         return value
     if period == "once":
         return "once"

@@ -20,7 +20,9 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from advisory_lock.conf import get_setting
+from advisory_lock.periods import check_job_name
 from advisory_lock.periods import ledger_time_zone
+from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_seconds
 
 OPTIONS = (
@@ -35,6 +37,8 @@ OPTIONS = (
     "grace",
 )
 CATCH_UP = ("latest", "all", "none")
+#: The most retries of a slot: its attempts (1 + retries) are counted in a 32-bit column.
+MAX_RETRIES = 2**31 - 2
 #: At most this many missed slots are run by one scheduler pass with ``catch_up="all"``.
 MAX_CATCH_UP = 100
 UTC = datetime.timezone.utc
@@ -68,10 +72,13 @@ class Entry:
         if self.every is not None:
             step = datetime.timedelta(seconds=self.every)
             epoch = datetime.datetime(1970, 1, 1, tzinfo=UTC)
-            current = epoch + step * int((moment - epoch) / step)
+            current = epoch + step * ((moment - epoch) // step)  # floor: before 1970 too
             while True:
                 yield current
-                current -= step
+                try:
+                    current -= step
+                except OverflowError:
+                    return  # the earliest slot a datetime can hold
         else:
             from cronsim import CronSim
 
@@ -135,12 +142,25 @@ def _entry(name: str, options: dict[str, Any]) -> Entry:
 
 
 def entry_problems(name: object, options: object) -> list[str]:
-    """What is wrong with one SCHEDULE entry (for the system checks); empty if it is fine."""
+    """What is wrong with one SCHEDULE entry (for the system checks); empty if it is fine.
+
+    Every value the entry makes the ledger store is checked against the ledger's columns: its
+    name is the job name of its runs (and names their lock), and its numbers must make dates
+    and timedeltas (``MAX_SECONDS``) and attempts (``MAX_RETRIES``) the code can compute.
+    """
     if not isinstance(name, str) or not name.strip():
         return [
             f"ADVISORY_LOCK['SCHEDULE'] has an entry name that is not a non-blank str: {name!r}."
         ]
-    where = f"ADVISORY_LOCK['SCHEDULE'][{name!r}]"
+    shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
+    where = f"ADVISORY_LOCK['SCHEDULE'][{shown}]"
+    try:
+        check_job_name(name, "its name")
+    except ValueError as error:
+        return [
+            f"{where} can't be scheduled: the entry's name is the job name of its runs in "
+            f"the ledger, and {error}"
+        ]
     if not isinstance(options, dict):
         return [f"{where} must be a dict (command or callable, cron or every), not {options!r}."]
     problems = []
@@ -167,18 +187,32 @@ def entry_problems(name: object, options: object) -> list[str]:
         every = options["every"]
         if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 1:
             problems.append(f"{where}['every'] must be a number of seconds >= 1, not {every!r}.")
+        elif every > MAX_SECONDS:
+            problems.append(
+                f"{where}['every'] must be a number of seconds >= 1 and at most {MAX_SECONDS} "
+                f"(a century), not {every!r}: a slot that far apart can't be computed."
+            )
     if options.get("catch_up", "latest") not in CATCH_UP:
         problems.append(
             f"{where}['catch_up'] must be one of {', '.join(map(repr, CATCH_UP))}, not "
             f"{options['catch_up']!r}."
         )
     retries = options.get("retries", 1)
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        problems.append(f"{where}['retries'] must be a whole number >= 0, not {retries!r}.")
+    if (
+        isinstance(retries, bool)
+        or not isinstance(retries, int)
+        or not 0 <= retries <= MAX_RETRIES
+    ):
+        problems.append(
+            f"{where}['retries'] must be a whole number >= 0 and at most {MAX_RETRIES} (the "
+            f"ledger counts attempts in a 32-bit column), not {retries!r}."
+        )
     for seconds in ("timeout", "grace"):
         if options.get(seconds) is not None:
             try:
-                check_seconds(seconds, options[seconds], allow_zero=seconds == "grace")
+                check_seconds(
+                    seconds, options[seconds], allow_zero=seconds == "grace", maximum=MAX_SECONDS
+                )
             except ValueError as error:
                 problems.append(f"{where}: {error}")
     return problems

@@ -27,8 +27,10 @@ from advisory_lock.single_instance.commands import declared_lock_names
 from advisory_lock.single_instance.functions import single_instance_function
 from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost
+from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
+from advisory_lock.validation import wait_limit
 
 __all__ = [
     "GuardedRun",
@@ -126,6 +128,7 @@ def _checked_settings(
     if key is not None and not callable(key):
         make_key(key)
     check_seconds("wait", wait)
+    wait_limit("wait", wait, using)  # now if the database is known, else before locking
     if isinstance(busy_exit_code, bool) or not isinstance(busy_exit_code, int):
         raise TypeError(f"busy_exit_code must be an int, not {busy_exit_code!r}.")
     if not 0 <= busy_exit_code <= 255:
@@ -137,7 +140,7 @@ def _checked_settings(
     if on_busy is not None and on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be 'skip' or 'raise', not {on_busy!r}.")
     if grace is not None:
-        check_seconds("grace", grace)
+        check_seconds("grace", grace, maximum=MAX_SECONDS)
         if not isinstance(ledger, str) or ledger == "once":
             raise ValueError(
                 "grace= declares a job for the overdue report: it needs a named ledger period "

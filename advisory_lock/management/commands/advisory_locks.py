@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock.inspection import held_locks
 from advisory_lock.tables import format_table
+from advisory_lock.validation import database_option
 
 HEADER = ["name", "key", "mode", "state", "holder", "user", "application", "client", "held/waited"]
 
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON for machines.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        locks = held_locks(options["using"])
+        locks = held_locks(database_option("--using", options["using"]))
         if options["json"]:
             document = {
                 "using": locks.using,

@@ -14,7 +14,11 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock import signals
 from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
+from advisory_lock.periods import MAX_JOB_NAME_LENGTH
+from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.tables import format_table
+from advisory_lock.validation import database_option
+from advisory_lock.validation import text_option
 from advisory_lock.validation import whole_number_argument
 
 MAX_LIMIT = 2**31 - 1
@@ -70,6 +74,9 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        options["database"] = database_option("--database", options["database"])
+        text_option("--job", options["job"], max_length=MAX_JOB_NAME_LENGTH)
+        text_option("--period", options["period"], max_length=MAX_PERIOD_LENGTH)
         runs = JobRun.objects.using(options["database"])
         if options["older_than"] is not None and not options["prune"]:
             raise CommandError("--older-than goes with --prune.")

@@ -12,6 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock.schedule import entries
 from advisory_lock.scheduler import Scheduler
 from advisory_lock.tables import format_table
+from advisory_lock.validation import database_option
 from advisory_lock.validation import seconds_argument
 
 
@@ -41,6 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="The ledger's alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        options["database"] = database_option("--database", options["database"])
         if options["json"] and not options["list"]:
             raise CommandError("--json goes with --list.")
         try:

@@ -16,8 +16,11 @@ Both log every statement they receive (PostgreSQL's ``log_statement = all``, Mar
 general log), so that a test can tell that no lock statement ever reached them. Each is
 stopped at the end of its ``with`` block (SIGINT: PostgreSQL's fast shutdown; SIGTERM for
 MariaDB, then SIGKILL) and its folder removed. ``pg_standby`` and ``mariadb_read_only`` are
-session fixtures over them: started by the first test that asks, stopped at the end of the
-run. Without the server programs the tests are skipped, loudly; with CI=true they fail.
+fixtures over them: started by the first test of a module that asks, stopped after its last
+one, not at the end of the run: the restart tests, which run last, find the machine's
+MariaDB by its executable (``start-stop-daemon --exec /usr/sbin/mariadbd --oknodo``), and a
+read-only ``mariadbd`` still running then would pass for it. Without the server programs
+the tests are skipped, loudly; with CI=true they fail.
 """
 
 from __future__ import annotations
@@ -344,10 +347,11 @@ def connect_mariadb(server: Server, database: str = "mysql"):
     return connection
 
 
-# Session fixtures: started by the first test that asks, stopped at the end of the run.
+# Fixtures: started by the first test of a module that asks, stopped after its last one
+# (see the module's docstring: not at the end of the run).
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pg_standby(django_db_setup) -> Iterator[Server]:
     """A hot standby of the "postgresql" test server (made after its test database)."""
     from django.db import connections
@@ -358,7 +362,7 @@ def pg_standby(django_db_setup) -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mariadb_read_only() -> Iterator[Server]:
     """A MariaDB server of its own, started read-only."""
     with read_only_mariadb() as server:

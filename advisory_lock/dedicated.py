@@ -76,13 +76,15 @@ class DedicatedLock:
             acquired = self.backend.acquire(
                 self.db_key, shared=False, timeout=wait, transaction=False
             )
+            if acquired:
+                # At once: whatever fails from here on, let_go() knows there is a lock.
+                self.acquired_at = monotonic()
         waited = monotonic() - started
         if metrics.recorder is not None:
             outcome = "acquired" if acquired else "timeout" if wait else "busy"
             vendor = self.connection.vendor
             metrics.recorder.acquisition(outcome, vendor, self.using, waited, self.label)
         if acquired:
-            self.acquired_at = monotonic()
             logger.info("%s: acquired lock %s after %.3fs.", self.label, self.key.label, waited)
         else:
             logger.info("%s: lock %s busy after %.3fs.", self.label, self.key.label, waited)
@@ -203,9 +205,28 @@ class DedicatedLock:
         finally:
             self.close()
 
+    def let_go(self) -> None:
+        """Undo whatever this object took, in whatever state a failure or a cancellation left
+        it: stop the watchdog, release the lock if it was taken (so that it is free the
+        moment this returns: a closed connection's locks are dropped a moment later, when the
+        server notices), close the connection. Never raises: it is what runs after another
+        error (a failure to release is logged; closing the connection drops the lock)."""
+        self.stop_watching()
+        try:
+            if self.acquired_at is not None and not self.lost and not self._checkers:
+                with self._mutex:
+                    self.backend.release(self.db_key, shared=False)
+        except Exception:
+            logger.debug(
+                "%s: releasing lock %s failed.", self.label, self.key.label, exc_info=True
+            )
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Close the lock's connection, which drops whatever it still holds. A check still
         waiting on a silent network owns the connection: it goes with the process."""
+        self.acquired_at = None
         if not self._checkers:
             try:
                 self.connection.close()

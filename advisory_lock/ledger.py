@@ -313,7 +313,7 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
 
     def record() -> int:
         now = inspector_for(connections[using]).database_now()
-        return (
+        updated = (
             JobRun.objects.using(using)
             .filter(pk=run.pk, status=Status.RUNNING)
             .update(
@@ -323,6 +323,10 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
                 error=error[-MAX_ERROR_LENGTH:],
             )
         )
+        # Read back here too, not in the caller's thread: a worker thread of async code
+        # would keep the connection that read opened.
+        run.refresh_from_db(using=using)
+        return updated
 
     try:
         recorded = write(using, record, timeout=timeout)
@@ -331,14 +335,12 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
             run.claimed_lock.close()  # closing the connection releases the lock
             run.claimed_lock = None
     if not recorded:
-        run.refresh_from_db(using=using)
         raise LockLost(
             f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) was "
             f"marked {run.status} while it ran: its lock was found free, so another instance "
             f"may have run the job at the same time, and its work may have overlapped this "
             f"run's. Nothing was recorded for this run."
         )
-    run.refresh_from_db(using=using)
     record_job_run(run.status, run.job_name, using, run)
 
 

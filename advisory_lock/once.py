@@ -18,16 +18,14 @@ from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
 
-from asgiref.sync import sync_to_async
-
 from advisory_lock.models import JobRun
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.single_instance import GuardedRun
+from advisory_lock.single_instance.guarded import check_heartbeat
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_flag
-from advisory_lock.validation import check_seconds
 
 logger = logging.getLogger("advisory_lock")
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -41,6 +39,11 @@ class run_once:
     decorator a skipped call returns ``None`` without running. The lock ``job:<job_name>``
     is held on a connection of its own during the run and watched every ``heartbeat``
     seconds, as for single-instance commands: a lost lock raises ``LockLost``.
+
+    Whatever interrupts a run, a cancelled task included, lets go of all it took before it
+    propagates: the lock is released, its connection closed, the run recorded ``failed``
+    ("cancelled ..." for a cancellation). A ``heartbeat`` the watchdog can't wait on is a
+    ``ValueError`` here, before anything is taken.
     """
 
     def __init__(
@@ -56,7 +59,7 @@ class run_once:
         self.period = check_period(period)
         self.using = check_alias(using)
         self.retry_failed = check_flag("retry_failed", retry_failed)
-        self.heartbeat = check_seconds("heartbeat", heartbeat, allow_zero=False)
+        self.heartbeat = check_heartbeat(heartbeat)
         self._stacks: dict[object, list[GuardedRun | None]] = {}
 
     def __enter__(self) -> JobRun | None:
@@ -75,9 +78,10 @@ class run_once:
 
     async def __aenter__(self) -> JobRun | None:
         # The lock's connection and the ledger's writes are connections of their own: their
-        # statements may run in any thread, without holding up the thread of the ORM calls.
+        # statements run in a worker thread, without holding up the thread of the ORM calls.
+        # Cancelled meanwhile, the run lets go of what it took (see GuardedRun.astart).
         guarded = self._guarded()
-        started = await sync_to_async(guarded.start, thread_sensitive=False)()
+        started = await guarded.astart()
         self._push(guarded if started else None)
         if not started:
             logger.info("%s", guarded.skipped)
@@ -87,7 +91,8 @@ class run_once:
     async def __aexit__(self, exc_type: Any, exc_value: BaseException | None, tb: Any) -> None:
         guarded = self._pop()
         if guarded is not None:
-            await sync_to_async(guarded.end, thread_sensitive=False)(exc_value)
+            # Run to its end even if the task is cancelled meanwhile (raised after).
+            await guarded.aend(exc_value)
 
     def __call__(self, func: Func) -> Func:
         if inspect.iscoroutinefunction(func):

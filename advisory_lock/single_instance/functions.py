@@ -21,8 +21,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
-
 from advisory_lock import signals
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.keys import Key
@@ -31,6 +29,7 @@ from advisory_lock.keys import make_key
 from advisory_lock.periods import Period
 from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost
+from advisory_lock.single_instance.guarded import check_heartbeat
 
 logger = logging.getLogger("advisory_lock")
 
@@ -48,6 +47,7 @@ def single_instance_function(
 ) -> Callable[..., Any]:
     """``func`` wrapped: each call runs under ``GuardedRun`` (see the module's docstring)."""
     label = f"{func.__module__}.{func.__qualname__}"
+    heartbeat = check_heartbeat(heartbeat)  # at decoration, not once the lock is held
 
     def guarded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardedRun:
         return GuardedRun(
@@ -80,31 +80,37 @@ def single_instance_function(
         @functools.wraps(func)
         async def async_call(*args: Any, **kwargs: Any) -> Any:
             run = guarded(args, kwargs)
-            # The lock's connection is its own: its statements may run in any thread.
-            if not await sync_to_async(run.start, thread_sensitive=False)():
-                return skipped(run)
+            # The lock's connection is its own: its statements run in a worker thread. A
+            # cancellation at any point lets go of what the run took (GuardedRun.astart and
+            # aend), and propagates.
+            outcome: BaseException | None = None
             try:
-                result = await func(*args, **kwargs)
+                if not await run.astart():
+                    return skipped(run)
+                return await func(*args, **kwargs)
             except BaseException as exc:
-                await sync_to_async(run.end, thread_sensitive=False)(exc)
+                outcome = exc
                 raise
-            await sync_to_async(run.end, thread_sensitive=False)(None)
-            return result
+            finally:
+                if run.holding:
+                    await run.aend(outcome)
 
         return async_call
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
         run = guarded(args, kwargs)
-        if not run.start():
-            return skipped(run)
+        outcome: BaseException | None = None
         try:
-            result = func(*args, **kwargs)
+            if not run.start():  # it lets go of what it took if interrupted
+                return skipped(run)
+            return func(*args, **kwargs)
         except BaseException as exc:
-            run.end(exc)
+            outcome = exc
             raise
-        run.end(None)
-        return result
+        finally:
+            if run.holding:
+                run.end(outcome)
 
     return call
 

@@ -7,32 +7,66 @@ the main thread at once (the watchdog sends it SIGINT, and the handler installed
 raises ``LockLost``). No exception can be delivered into another running thread: there the
 body may call ``lock.check()``, and ``LockLost`` is raised when the body returns at the
 latest.
+
+Whatever ends a run between the take and the finish (an exception, ``KeyboardInterrupt``, a
+cancelled task) lets go of all it took: the watchdog stops, the run is recorded failed, the
+lock is released and its connection closed. In async code ``astart()`` and ``aend()`` run
+the steps in a worker thread, and a cancellation that arrives while one runs there waits for
+its end, undoes what it took, and is raised after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypeVar
 
+from asgiref.sync import sync_to_async
+
+from advisory_lock.async_locks import _Hop
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.periods import Period
+from advisory_lock.validation import check_seconds
 
 if TYPE_CHECKING:
     from advisory_lock.models import JobRun
 
 logger = logging.getLogger("advisory_lock")
+T = TypeVar("T")
 
 OnLost = str | Callable[[str], Any]
 INTERRUPTED_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+#: The longest heartbeat: the watchdog waits that long, and the end of a run whose lock was
+#: lost twice that long (threading's longest timeout), and a timedelta must hold it.
+MAX_HEARTBEAT = min(threading.TIMEOUT_MAX / 2, datetime.timedelta.max.total_seconds())
+
+
+def check_heartbeat(heartbeat: object) -> float:
+    """Seconds between two checks of a run's lock: a number ``> 0`` that the watchdog can
+    wait on (at most ``MAX_HEARTBEAT``). Checked before anything is taken: ``1e300`` is
+    finite, and would fail (OverflowError) once the lock is held and the slot claimed."""
+    try:
+        seconds = check_seconds("heartbeat", heartbeat, allow_zero=False)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if seconds > MAX_HEARTBEAT:
+        raise ValueError(
+            f"heartbeat must be at most {MAX_HEARTBEAT:g} seconds (the longest wait "
+            f"threading allows, halved), not {heartbeat!r}."
+        )
+    return seconds
 
 
 class GuardedRun:
@@ -43,7 +77,9 @@ class GuardedRun:
     claims the ledger's slot when there is a ``period``, starts the watchdog and, in the main
     thread, the signal handlers. ``end(exc)`` runs after the body, in this order: the
     watchdog stops (so a loss can no longer be signalled), the handlers are restored, the
-    end is recorded in the ledger (fenced), the lock is released.
+    end is recorded in the ledger (fenced), the lock is released. Whatever interrupts either
+    of them, or ``start()`` before it returns, lets go of all that was taken (see
+    ``_undo()``). ``astart()`` and ``aend()`` are the same in async code, safe to cancel.
 
     A lost lock, with ``on_lost="raise"``, raises ``LockLost``: at once in the main thread (the
     watchdog interrupts it with SIGINT, which the run's handler turns into ``LockLost``); at
@@ -69,10 +105,11 @@ class GuardedRun:
         self.using = using
         self.label = label
         self.wait = wait
-        self.heartbeat = heartbeat
+        self.heartbeat = check_heartbeat(heartbeat)
         self.on_lost = on_lost
         self.period = period
         self.retry_failed = retry_failed
+        #: The run's lock, once ``start()`` returned True.
         self.lock: DedicatedLock | None = None
         self.run: JobRun | None = None
         #: Why the run did not go ahead (after ``start()`` returned False), and whether it
@@ -81,24 +118,33 @@ class GuardedRun:
         self.busy = False
         self._interrupted: list[int] = []
         self._handlers: dict[int, Any] = {}
+        #: What this run holds from the moment its lock is made until it is let go: the
+        #: lock, and with it the run's row (``run``) and the watchdog.
+        self._held: DedicatedLock | None = None
+
+    @property
+    def holding(self) -> bool:
+        """Has the run taken something that ``end()`` must let go of?"""
+        return self._held is not None
 
     def start(self) -> bool:
-        """Take the lock and claim the slot: True if the run goes ahead."""
+        """Take the lock and claim the slot: True if the run goes ahead. Whatever interrupts
+        it lets go of what it took before propagating (the run is recorded failed)."""
         # The ledger needs Django's app registry, which is not ready when this module loads.
         from advisory_lock.ledger import claim_slot
         from advisory_lock.ledger import describe_taken
-        from advisory_lock.ledger import finish
         from advisory_lock.ledger import record_job_run
 
-        lock = DedicatedLock(self.key, using=self.using, label=self.label)
-        if not lock.acquire(self.wait):
-            self.skipped = lock.busy_message()
-            self.busy = True
+        lock = self._held = DedicatedLock(self.key, using=self.using, label=self.label)
+        try:
+            if not lock.acquire(self.wait):
+                self.skipped = lock.busy_message()  # it closes the lock's connection
+                self._held = None
+                self.busy = True
+                if self.period is not None:
+                    record_job_run("skipped", self.label, lock.using)
+                return False
             if self.period is not None:
-                record_job_run("skipped", self.label, lock.using)
-            return False
-        if self.period is not None:
-            try:
                 run, taken = claim_slot(
                     lock.using,
                     self.label,
@@ -107,96 +153,161 @@ class GuardedRun:
                     held=lock.key,
                     still_held=lock.verify,
                 )
-            except BaseException:
-                lock.close()  # closing the connection releases the lock
-                raise
-            if run is None:
-                lock.close()
-                self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."
-                return False
-            run.lock = lock
-            self.run = run
-            if not lock.verify(self.heartbeat):
-                # Lost between the try and the claim: the body must not start unguarded.
-                lost = LockLost(lock.lost_message())
-                with contextlib.suppress(Exception):
-                    finish(lock.using, run, error=f"{lost} (before the job started)")
-                lock.close()
-                raise lost
-        self.lock = lock
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        lock.watch(self.heartbeat, self._lost_handler(in_main_thread))
-        if in_main_thread:
-            self._handlers = _install_signal_handlers(lock, self._interrupted, self.owns_process)
+                if run is None:
+                    self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."
+                    self._held = None
+                    lock.let_go()
+                    return False
+                run.lock = lock
+                self.run = run
+                if not lock.verify(self.heartbeat):
+                    # Lost between the try and the claim: the body must not start unguarded.
+                    raise LockLost(lock.lost_message())
+            in_main_thread = threading.current_thread() is threading.main_thread()
+            self.lock = lock
+            lock.watch(self.heartbeat, self._lost_handler(in_main_thread))
+            if in_main_thread:
+                self._handlers = _install_signal_handlers(
+                    lock, self._interrupted, self.owns_process
+                )
+        except BaseException as error:
+            self._undo(error, "before the job started")
+            raise
         return True
 
     def end(self, exc: BaseException | None) -> None:
         """After the body (``exc``: what it raised): record the end, release the lock.
 
         Raises ``LockLost`` (with ``on_lost="raise"``, and unless ``exc`` propagates) if the
-        lock was lost, or the run's row was taken over meanwhile.
+        lock was lost, or the run's row was taken over meanwhile. Whatever interrupts it, the
+        lock is let go of.
         """
         from advisory_lock.ledger import finish
-        from advisory_lock.ledger import format_error
 
-        lock = self.lock
-        assert lock is not None, "end() after a start() that returned False"
-        # The watchdog first: while it runs it may still signal, and the run's handler must
-        # be the one to catch that.
-        lock.stop_watching()
-        _restore_signal_handlers(self._handlers)
-        if exc is not None and self._interrupted and not lock.lost:
-            logger.warning(
-                "%s: interrupted by signal %d; lock released.", self.label, self._interrupted[0]
-            )
+        lock, self._held = self._held, None
+        assert lock is not None, "end() after a start() that returned False, or twice"
         raising = exc is None and self.on_lost == "raise"
         problems: list[LockLost] = []
-        recorded = False
-        if self.run is not None:
-            error = format_error(exc) if exc is not None else ""
-            try:
-                # After a lost lock the database may be out of reach: bounded then, so that
-                # a silent network can't hold the process (the row is abandoned later).
-                timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
-                finish(lock.using, self.run, error=error, timeout=timeout)
-                recorded = True
-            except LockLost as taken_over:
-                problems.append(taken_over)
-            except Exception as failure:
-                if exc is None and not lock.lost:
-                    lock.close()
-                    raise  # a success that can't be recorded must not pass silently
-                logger.error(
-                    "%s: could not record the end of run %s (%s); the next run will mark it "
-                    "abandoned.",
-                    self.label,
-                    self.run.pk,
-                    failure,
-                )
+        released = False
         try:
-            lock.release()
-        except LockLost as lost:
-            if recorded and not lock.lost and not self._overlapped():
-                # The fenced end was recorded (nobody took this slot over), and no run of the
-                # job started before it ended: the lock went after the work was done.
-                logger.warning("%s (after the run was recorded)", lost)
-            else:
-                problems.append(lost)
+            # The watchdog first: while it runs it may still signal, and the run's handler
+            # must be the one to catch that.
+            lock.stop_watching()
+            _restore_signal_handlers(self._handlers)
+            self._handlers = {}
+            if exc is not None and self._interrupted and not lock.lost:
+                logger.warning(
+                    "%s: interrupted by signal %d; lock released.",
+                    self.label,
+                    self._interrupted[0],
+                )
+            recorded = False
+            if self.run is not None:
+                error = _failure(exc, "while the job ran") if exc is not None else ""
+                try:
+                    # After a lost lock the database may be out of reach: bounded then, so
+                    # that a silent network can't hold the process (the row is abandoned
+                    # later).
+                    timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
+                    finish(lock.using, self.run, error=error, timeout=timeout)
+                    recorded = True
+                except LockLost as taken_over:
+                    problems.append(taken_over)
+                except Exception as failure:
+                    if exc is None and not lock.lost:
+                        raise  # a success that can't be recorded must not pass silently
+                    logger.error(
+                        "%s: could not record the end of run %s (%s); the next run will "
+                        "mark it abandoned.",
+                        self.label,
+                        self.run.pk,
+                        failure,
+                    )
+            released = True  # release() closes the connection, whatever happens
+            try:
+                lock.release()
+            except LockLost as lost:
+                if recorded and not lock.lost and not self._overlapped(lock):
+                    # The fenced end was recorded (nobody took this slot over), and no run
+                    # of the job started before it ended: the lock went after the work was
+                    # done.
+                    logger.warning("%s (after the run was recorded)", lost)
+                else:
+                    problems.append(lost)
+        finally:
+            if not released:
+                lock.let_go()
         if problems:
             if raising:
                 raise problems[0]
             for problem in problems:
                 logger.error("%s", problem)
 
-    def _overlapped(self) -> bool:
+    async def astart(self) -> bool:
+        """``start()`` in a worker thread (the run's connections are its own: they need not
+        hold up the thread of Django's async ORM calls).
+
+        A cancellation that arrives while it runs there waits for its end: if it went
+        ahead, all it took is let go of (the run recorded failed, "cancelled before the job
+        started") before ``CancelledError`` is raised. One that arrives before it began
+        there: it never runs.
+        """
+        try:
+            return await _in_worker_thread(self.start)
+        except asyncio.CancelledError as cancelled:
+            if self._held is not None:
+                await _in_worker_thread(
+                    self._undo, cancelled, "before the job started", must_run=True
+                )
+            raise
+
+    async def aend(self, exc: BaseException | None) -> None:
+        """``end(exc)`` in a worker thread, run to its end whatever cancellations arrive
+        meanwhile (a ``CancelledError`` body is recorded failed, "cancelled"); the
+        cancellation is raised after."""
+        await _in_worker_thread(self.end, exc, must_run=True)
+
+    def _undo(self, exc: BaseException, when: str) -> None:
+        """Let go of what the run took, after ``exc`` interrupted it ``when``: stop the
+        watchdog, restore the handlers, record the run failed (if its slot was claimed),
+        release the lock and close its connection. Errors are logged, not raised: ``exc``
+        is what propagates."""
+        from advisory_lock.ledger import finish
+
+        lock, self._held, self.lock = self._held, None, None
+        if lock is None:
+            return
+        try:
+            lock.stop_watching()
+            _restore_signal_handlers(self._handlers)
+            self._handlers = {}
+            if self.run is not None:
+                # Bounded: after a lost lock or a failure the database may be out of reach.
+                timeout = max(2 * self.heartbeat, 1.0)
+                try:
+                    finish(lock.using, self.run, error=_failure(exc, when), timeout=timeout)
+                except Exception as failure:
+                    logger.error(
+                        "%s: could not record the end of run %s (%s); the next run will "
+                        "mark it abandoned.",
+                        self.label,
+                        self.run.pk,
+                        failure,
+                    )
+        finally:
+            lock.let_go()
+
+    def _overlapped(self, lock: DedicatedLock) -> bool:
         """Did a run of the job (of any slot) start before this one ended? Its lock, lost,
-        let another instance in: the fence covers a slot, the lock the whole job."""
+        let another instance in: the fence covers a slot, the lock the whole job. Asked on
+        the ledger's own connection, as its writes (none is left open in a worker thread)."""
+        from advisory_lock.ledger import write
         from advisory_lock.models import JobRun
 
-        run, lock = self.run, self.lock
-        assert run is not None and lock is not None and run.finished_at is not None
+        run = self.run
+        assert run is not None and run.finished_at is not None
         later = JobRun.objects.using(lock.using).filter(job_name=run.job_name, pk__gt=run.pk)
-        return later.filter(started_at__lt=run.finished_at).exists()
+        return write(lock.using, later.filter(started_at__lt=run.finished_at).exists)
 
     def _lost_handler(self, in_main_thread: bool) -> Callable[[], None]:
         on_lost, lock = self.on_lost, self.lock
@@ -216,6 +327,57 @@ class GuardedRun:
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         return lost
+
+
+def _failure(exc: BaseException, when: str) -> str:
+    """What the ledger records of a run that ``exc`` ended: the traceback; for a cancelled
+    task, saying so first; for a lock lost before the body, the loss."""
+    from advisory_lock.ledger import format_error
+
+    if isinstance(exc, asyncio.CancelledError):
+        return f"cancelled {when}: the task running the job was cancelled.\n{format_error(exc)}"
+    if isinstance(exc, LockLost) and when == "before the job started":
+        return f"{exc} ({when})"
+    return format_error(exc)
+
+
+async def _in_worker_thread(func: Callable[..., T], *args: object, must_run: bool = False) -> T:
+    """``func(*args)`` in a worker thread (not the thread of Django's async ORM calls).
+
+    If the task is cancelled meanwhile, a call that started is awaited to its end, through
+    any further cancellation (a thread can't be interrupted, and the caller must know what
+    the call took); a call that had not started is dropped, or with ``must_run`` run all the
+    same. ``CancelledError`` is raised after.
+    """
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        hop = _Hop(func)
+        try:
+            result: T = await sync_to_async(hop, thread_sensitive=False)(*args)
+        except asyncio.CancelledError as error:
+            cancelled = cancelled or error
+            if not hop.abandon():
+                break  # it runs on in its thread: wait for its end below
+            if must_run:
+                continue  # it never started: run it again
+            raise
+        if cancelled is not None:  # cancelled before an earlier try started: now it ran
+            raise cancelled
+        return result
+    outcome = asyncio.wrap_future(hop.outcome)
+    while not outcome.done():
+        # Never raises the call's own error; cancelled again, the call still runs: wait on.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({outcome})
+    failure = None if outcome.cancelled() else outcome.exception()
+    if failure is not None and not isinstance(failure, asyncio.CancelledError):
+        logger.error(
+            "%s, interrupted by a cancellation, failed: %r",
+            getattr(func, "__qualname__", func),
+            failure,
+        )
+    assert cancelled is not None
+    raise cancelled
 
 
 # Signals: SIGTERM and SIGINT stop the command through its finally blocks (so the lock is

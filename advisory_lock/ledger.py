@@ -213,16 +213,20 @@ def claim_slot(
     *,
     held: LockKey,
     still_held: Callable[[], bool] | None = None,
+    max_attempts: int | None = None,
 ) -> tuple[JobRun | None, JobRun | None]:
     """Claim ``job_name``'s current slot, guarded by the lock ``held`` (which the caller
     holds): (the new running run, None), or (None, the slot's latest run when taken).
 
     ``still_held`` asks the database whether the caller still holds it: holding it proves a
     running row under the same lock orphaned, so that proof is checked when it is used.
+    ``max_attempts`` (the scheduler's ``1 + retries``): a slot that has had that many
+    attempts, fleet-wide, is taken.
     """
     check_lock_key(held)
     run, taken = write(
-        using, lambda: _claim(using, job_name, period, retry_failed, held, still_held)
+        using,
+        lambda: _claim(using, job_name, period, retry_failed, held, still_held, max_attempts),
     )
     if run is None:
         record_job_run("skipped", job_name, using)
@@ -261,7 +265,13 @@ def _claim(
     retry_failed: bool,
     held: LockKey,
     still_held: Callable[[], bool] | None = None,
+    max_attempts: int | None = None,
 ) -> tuple[JobRun | None, JobRun | None]:
+    # A slot's attempts are numbered 1, 2, 3...: a claim inserts attempt 1, or the one after
+    # the slot's latest, and the unique (job, slot, attempt) constraint lets one claimer alone
+    # insert each number. So the latest attempt's number counts the slot's attempts,
+    # fleet-wide, and no claim inserts a number above ``max_attempts``, however many race.
+    # (Pruning keeps attempt 1 and the latest attempt of every slot that can be claimed.)
     now = inspector_for(connections[using]).database_now()
     this_slot = slot(period, now)
     rows = JobRun.objects.using(using)
@@ -297,6 +307,8 @@ def _claim(
             latest.status = Status.ABANDONED
         if latest.status == Status.SUCCEEDED or not retry_failed:
             return None, latest
+        if max_attempts is not None and latest.attempt >= max_attempts:
+            return None, latest  # out of attempts
         attempt = latest.attempt + 1
     return None, attempts.first()
 

@@ -321,6 +321,7 @@ def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -
         label=entry.name,
         period=lambda _now: slot,
         retry_failed=True,
+        max_attempts=1 + entry.retries,  # counted in the ledger: fleet-wide
     )
     if not run.start():
         logger.info("%s", run.skipped)

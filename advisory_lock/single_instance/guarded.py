@@ -97,6 +97,7 @@ class GuardedRun:
         on_lost: OnLost = "raise",
         period: Period | None = None,
         retry_failed: bool = True,
+        max_attempts: int | None = None,
         owns_process: bool = False,
     ) -> None:
         self.key = make_key(key)
@@ -109,6 +110,8 @@ class GuardedRun:
         self.on_lost = on_lost
         self.period = period
         self.retry_failed = retry_failed
+        #: At most this many attempts at a slot, fleet-wide (None: no bound).
+        self.max_attempts = max_attempts
         #: The run's lock, once ``start()`` returned True.
         self.lock: DedicatedLock | None = None
         self.run: JobRun | None = None
@@ -152,6 +155,7 @@ class GuardedRun:
                     self.retry_failed,
                     held=lock.key,
                     still_held=lock.verify,
+                    max_attempts=self.max_attempts,
                 )
                 if run is None:
                     self.skipped = f"{self.label}: skipped, {describe_taken(taken)}."

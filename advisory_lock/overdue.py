@@ -11,6 +11,11 @@ by the database server's clock in the ledger's time zone, has no ``succeeded`` r
 ``once`` job's slot never ends: it is never overdue. A scheduled entry with a ``grace``
 (``ADVISORY_LOCK["SCHEDULE"]``) is declared too: its latest slot that fell due more than
 ``grace`` ago must have succeeded.
+
+The report reads, of each declared job, the successes of the slot it checks (and, as time
+goes on, of the later ones: ``Expectation.checked_since``) and the job's latest success
+(``last_success``). Pruning the ledger (``advisory_lock.pruning``) keeps those rows, so that
+a pruned ledger raises no false alarm and still knows each job's last success.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 from typing import TypeVar
 
 from django.db import connections
+from django.db.models import F
+from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
@@ -65,6 +72,18 @@ class Expectation:
         if self.period == "once":
             return None  # the slot of a once job never ends
         return last_ended_slot(self.period, moment)
+
+    def checked_since(self, now: datetime.datetime) -> datetime.datetime | None:
+        """When the slot the report checks at ``now`` began (None if it checks none): the
+        report reads the successes of that slot from then on, then of the later slots, and
+        each of their runs started at that instant or after it."""
+        latest = self.latest_slot(now)
+        if latest is None:
+            return None
+        if self.entry is not None:
+            return latest[1]  # a scheduled slot is the instant it fell due
+        # The slot that ended at latest[1] began where the slot before it ended.
+        return last_ended_slot(self.period, latest[1] - datetime.timedelta(microseconds=1))[1]
 
 
 @dataclass(frozen=True)
@@ -182,9 +201,18 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
         succeeded = runs.filter(job_name=job.job_name, status=JobRun.Status.SUCCEEDED)
         if succeeded.filter(period=missing).exists():
             continue
-        last = succeeded.order_by("-finished_at").first()
+        last = last_success(runs, job.job_name)
         overdue.append(OverdueJob(job.job_name, job.period, missing, ended_at, last))
     return overdue
+
+
+def last_success(runs: QuerySet[Any], job_name: str) -> Any:
+    """The job's latest succeeded run among ``runs`` (a JobRun queryset), or None: the one
+    the report shows, and the one pruning keeps whatever its age."""
+    from advisory_lock.models import JobRun
+
+    succeeded = runs.filter(job_name=job_name, status=JobRun.Status.SUCCEEDED)
+    return succeeded.order_by(F("finished_at").desc(nulls_last=True), "-pk").first()
 
 
 def last_ended_slot(period: str, moment: datetime.datetime) -> tuple[str, datetime.datetime]:

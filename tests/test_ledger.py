@@ -300,17 +300,23 @@ def test_a_failed_ledger_command_records_the_traceback(ledger, using):
 
 def test_job_runs_command_lists_filters_and_prunes(ledger, using, capsys):
     old = datetime.datetime.now(UTC) - datetime.timedelta(days=40)
+    a_day = datetime.timedelta(days=1)
+    ledger.create(job_name="a", period="0", started_at=old - a_day, status="succeeded")
     ledger.create(job_name="a", period="1", started_at=old, status="succeeded")
     ledger.create(job_name="a", period="2", started_at=old, status="running")
     ledger.create(job_name="b", period="1", started_at=datetime.datetime.now(UTC), status="failed")
     call_command("job_runs", "--database", using, "--job", "a")
     listing = capsys.readouterr().out
-    assert listing.count("\na ") == 2 and "\nb " not in listing
+    assert listing.count("\na ") == 3 and "\nb " not in listing
     call_command("job_runs", "--database", using, "--status", "failed")
     assert "\nb " in capsys.readouterr().out
     call_command("job_runs", "--database", using, "--prune", "--older-than", "30")
-    assert "Pruned 1 " in capsys.readouterr().out
-    assert sorted(ledger.values_list("job_name", "status")) == [("a", "running"), ("b", "failed")]
+    assert "Pruned 1 " in capsys.readouterr().out  # a's older success; its latest one stays
+    assert sorted(ledger.values_list("job_name", "period", "status")) == [
+        ("a", "1", "succeeded"),
+        ("a", "2", "running"),
+        ("b", "1", "failed"),
+    ]
 
 
 @pytest.mark.parametrize(

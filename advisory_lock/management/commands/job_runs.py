@@ -16,6 +16,7 @@ from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
+from advisory_lock.pruning import prune
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 from advisory_lock.validation import text_option
@@ -54,13 +55,19 @@ class Command(BaseCommand):
             ),
         )
         parser.add_argument(
-            "--prune", action="store_true", help="Delete finished runs (needs --older-than)."
+            "--prune",
+            action="store_true",
+            help=(
+                "Delete old finished runs (needs --older-than), except those the ledger still "
+                "needs: the first and latest attempts of slots that can still be claimed, each "
+                "job's latest success, the successes the overdue report checks."
+            ),
         )
         parser.add_argument(
             "--older-than",
             type=whole_number_argument(MAX_DAYS),
             metavar="DAYS",
-            help="With --prune: age in days.",
+            help="With --prune: age in days, by the database server's clock.",
         )
         parser.add_argument(
             "--overdue",
@@ -83,14 +90,9 @@ class Command(BaseCommand):
         if options["prune"]:
             if options["older_than"] is None:
                 raise CommandError("--prune needs --older-than DAYS.")
-            cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
-                days=options["older_than"]
-            )
-            finished = runs.exclude(status=JobRun.Status.RUNNING).filter(started_at__lt=cutoff)
-            deleted, _ = finished.delete()
-            self.stdout.write(
-                f"Pruned {deleted} finished run(s) older than {options['older_than']} days."
-            )
+            days = options["older_than"]
+            pruned = prune(options["database"], datetime.timedelta(days=days))
+            self.stdout.write(pruned.describe(days))
             return
         if options["json"] and not options["overdue"]:
             raise CommandError("--json goes with --overdue.")

@@ -67,12 +67,33 @@ def test_default_busy_exit_status_is_zero(using):
         finish(holder)
 
 
-def test_lock_wait_runs_after_the_holder_finishes_and_a_short_wait_skips(using):
-    holder = start(using, "decorated_job", "--seconds", "1.5")
-    wait_for_line(holder, "running")
-    short = start(using, "decorated_job", "--lock-wait", "0.2")
-    patient = start(using, "decorated_job", "--lock-wait", "20")
-    assert finish(short)[0] == BUSY
+def someone_waits_for(key, using):
+    """True once the database shows a session waiting for ``key`` (PostgreSQL, MySQL)."""
+    connection = connections[using]
+    db_key = backend_for(connection).db_key(make_key(key))
+    listing = in_other_connection(lambda: inspector_for(connections[using]).list_locks({}))
+    return any(row.db_key == db_key and not row.granted for row in listing.rows)
+
+
+def test_lock_wait_runs_after_the_holder_finishes_and_a_short_wait_skips(using, tmp_path):
+    # The holder works until the test says so: the short wait runs out while it holds, and
+    # the patient one is seen waiting (in the database's own view) before it lets go.
+    done = tmp_path / "done"
+    holder = start(using, "decorated_job", "--until", str(done))
+    try:
+        wait_for_line(holder, "running")
+        assert finish(start(using, "decorated_job", "--lock-wait", "0.2"))[0] == BUSY
+        patient = start(using, "decorated_job", "--lock-wait", "60")
+        if using != "default":  # SQLite's bounded wait polls: no waiter to see
+            for _ in range(3000):  # a bound only against a patient that never waits
+                if someone_waits_for(KEY, using):
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the patient instance never showed up waiting")
+        assert patient.poll() is None
+    finally:
+        done.touch()
     assert finish(holder)[0] == 0
     status, out, _ = finish(patient)
     assert status == 0 and "finished" in out

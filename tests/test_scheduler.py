@@ -355,7 +355,7 @@ def test_sigterm_stops_claiming_lets_running_jobs_finish_within_the_grace_then_s
     status, out, err = schedulers.finish(process)
     took = time.monotonic() - started
     assert status == 0, err
-    assert 2.5 < took < 15, (took, out)
+    assert 2.5 < took < 60, (took, out)  # it waited for the grace; generous above
     assert ledger.get(job_name="short").status == Status.SUCCEEDED  # finished within grace
     long = ledger.get(job_name="long")
     assert long.status == Status.FAILED and "stopped with the scheduler" in long.error

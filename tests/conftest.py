@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from django.conf import settings
 from django.db import connections
@@ -33,3 +36,9 @@ def using(request, django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         yield alias
         connections[alias].close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the run's folder (SQLite files, lock files) if this process made it."""
+    if os.environ.get("ADVISORY_LOCK_TEST_DIR_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["ADVISORY_LOCK_TEST_DIR"], ignore_errors=True)

@@ -27,12 +27,12 @@ TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
 
-# One folder per test run, shared with the worker processes through the environment.
-RUN_DIR = Path(
-    os.environ.setdefault(
-        "ADVISORY_LOCK_TEST_DIR", tempfile.mkdtemp(prefix="advisory-lock-tests-")
-    )
-)
+# One folder per test run, shared with the worker processes through the environment; the
+# run that made it removes it at its end (tests/conftest.py).
+if "ADVISORY_LOCK_TEST_DIR" not in os.environ:
+    os.environ["ADVISORY_LOCK_TEST_DIR"] = tempfile.mkdtemp(prefix="advisory-lock-tests-")
+    os.environ["ADVISORY_LOCK_TEST_DIR_OWNER"] = str(os.getpid())
+RUN_DIR = Path(os.environ["ADVISORY_LOCK_TEST_DIR"])
 # Test database names are per run too, so that two runs on one machine don't collide.
 TEST_DATABASE = "test_advisory_lock_" + RUN_DIR.name.rsplit("-", 1)[-1].lower()
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")

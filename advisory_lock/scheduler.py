@@ -14,10 +14,19 @@ before the entry's first run; ``"none"`` runs the most recent due slot only if i
 less than one interval ago (cron: 60 s). A new entry's first run is its most recent due slot.
 A failed or abandoned slot is run again, ``retries`` more times, while it is still the most
 recent due slot.
+
+A database outage (the server down, restarting, out of reach) stops no scheduler: a pass that
+can't reach the database logs one WARNING, closes the connections, and is tried again after
+0.2 s, then after twice the last wait, at most ``RETRY_CAP`` seconds apart; once a pass gets
+through, one INFO line says how long the outage lasted, and the sweep runs at once (the
+outage may have cut runs). Meanwhile no run starts, the running children are still reaped
+and stopped at their timeout, and a signal stops the scheduler at once. Only the errors that
+say so are an outage (``is_outage``): any other error, a bug, still stops the scheduler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -32,6 +41,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from django.db import connections
+from django.db import utils
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.models import JobRun
@@ -44,6 +54,10 @@ Status = JobRun.Status
 SKIPPED = 3
 _LOOP = 0.2  # seconds between two looks at the clock while idle
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
+_RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
+#: The longest wait, in seconds, between two tries of a scheduler while the database is out
+#: of reach: a scheduler is back at most this long after its database.
+RETRY_CAP = 3.0
 
 
 @dataclass
@@ -78,24 +92,41 @@ class Scheduler:
         self.stopping = False
         # Slots known done (succeeded, or out of retries): not looked up again.
         self._settled: set[tuple[str, str]] = set()
+        # Runs whose process died, and how: to record failed (kept while the database is out).
+        self._deaths: list[tuple[Child, str]] = []
+        # The outage under way: when its first failed pass was (time.monotonic()), and the
+        # wait before the next try.
+        self._outage_since: float | None = None
+        self._retry_in = 0.0
 
     # Running.
 
     def run_forever(self) -> None:
         """Run each slot when it falls due, until SIGTERM or SIGINT; then stop the children
-        (after ``stop_grace`` seconds) and record how they ended."""
+        (after ``stop_grace`` seconds) and record how they ended. A database outage is ridden
+        out: no run starts until the database is back (see the module's docstring)."""
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
         next_sweep = 0.0
         try:
             while not self.stopping:
-                if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
-                    self.sweep()
-                    next_sweep = time.monotonic() + _SWEEP
-                self.start_due()
-                self.reap()
-                time.sleep(_LOOP)
+                # Every database access of a pass is in here: the outage guard.
+                try:
+                    self.reap()
+                    if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
+                        self.sweep()
+                        next_sweep = time.monotonic() + _SWEEP
+                    self.start_due()
+                except Exception as error:
+                    if not is_outage(error):
+                        raise
+                    next_sweep = 0.0  # once the database is back: the outage may have cut runs
+                    self._wait(self._outage(error))
+                    continue
+                if self._outage_since is not None:
+                    self._outage_over()
+                self._wait(_LOOP)
         finally:
             self.shut_down()
             for signum, handler in previous.items():
@@ -125,6 +156,47 @@ class Scheduler:
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
         self.stopping = True
+
+    def _wait(self, seconds: float) -> None:
+        """Wait ``seconds``, reaping the children meanwhile (their timeouts too, with no
+        database); less if a signal stops the scheduler (a sleep resumes after a handler)."""
+        until = time.monotonic() + seconds
+        while not self.stopping and (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, _LOOP / 2))
+            self._collect()
+
+    # Database outages.
+
+    def _outage(self, error: Exception) -> float:
+        """A pass could not reach the database: drop the connections (the next try opens new
+        ones), warn at the start of the outage, and return how long to wait before the next
+        try: ``_RETRY_FIRST``, then twice the last wait, at most ``RETRY_CAP``."""
+        for connection in connections.all(initialized_only=True):
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
+                connection.close()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self._retry_in = _RETRY_FIRST
+            summary = (str(error).strip().splitlines() or [""])[0]
+            logger.warning(
+                "run_jobs: the database %r is unreachable (%s: %s); no run starts until it is "
+                "back. Retrying, at most %gs apart.",
+                self.using,
+                type(error).__name__,
+                summary,
+                RETRY_CAP,
+            )
+        else:
+            self._retry_in = min(2 * self._retry_in, RETRY_CAP)
+        return self._retry_in
+
+    def _outage_over(self) -> None:
+        assert self._outage_since is not None
+        lasted = time.monotonic() - self._outage_since
+        self._outage_since = None
+        logger.info(
+            "run_jobs: the database %r is back after %.1fs; scheduling again.", self.using, lasted
+        )
 
     def start_due(self) -> None:
         now = self.now()
@@ -220,6 +292,12 @@ class Scheduler:
 
     def reap(self) -> None:
         """Record the runs that ended; stop those past their timeout."""
+        self._collect()
+        self._record_deaths()
+
+    def _collect(self) -> None:
+        """Join the children that ended and say how; stop those past their timeout. No
+        database access: the runs whose process died are recorded by ``_record_deaths``."""
         for name, child in list(self.children.items()):
             process = child.process
             timeout = child.entry.timeout
@@ -249,22 +327,44 @@ class Scheduler:
         if exitcode == 1:
             self.say(f"run_jobs: {run} failed.")
             return  # the child recorded it
+        how = child.stopped_because or f"its process died (exit status {exitcode})"
+        self._deaths.append((child, how))
+
+    def _record_deaths(self) -> None:
+        """Record failed the runs whose process died, with how (the scheduler knows). A
+        death the database can't record yet (an outage) stays for the next pass."""
         from advisory_lock.ledger import fail_orphaned
 
-        how = child.stopped_because or f"its process died (exit status {exitcode})"
-        marked = fail_orphaned(self.using, child.entry.name, child.slot, f"The run {how}.")
-        self.say(f"run_jobs: {run} failed: {how}" + ("" if marked else " (not recorded)"))
+        while self._deaths:
+            child, how = self._deaths[0]
+            marked = fail_orphaned(self.using, child.entry.name, child.slot, f"The run {how}.")
+            del self._deaths[0]
+            run = f"{child.entry.name} [{child.slot}]"
+            self.say(f"run_jobs: {run} failed: {how}" + ("" if marked else " (not recorded)"))
 
     def shut_down(self) -> None:
         """Let the running children finish for up to ``stop_grace`` seconds, then kill them;
-        every run ends recorded, and no lock is left held."""
+        every run ends recorded, and no lock is left held. With the database out of reach,
+        the runs whose process died are left ``running`` under a free lock: the sweep of
+        the next scheduler that reaches the database marks them abandoned."""
         deadline = time.monotonic() + self.stop_grace
         while self.children and time.monotonic() < deadline:
-            self.reap()
+            self._collect()
             time.sleep(_LOOP / 4)
         for child in list(self.children.values()):
             self.kill(child, "stopped with the scheduler")
-        self.reap()
+        self._collect()
+        try:
+            self._record_deaths()
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            for child, how in self._deaths:
+                self.say(
+                    f"run_jobs: {child.entry.name} [{child.slot}] failed: {how} (not recorded: "
+                    f"the database is unreachable; a sweep will mark it abandoned)"
+                )
+            self._deaths.clear()
 
     # Listing.
 
@@ -294,6 +394,70 @@ class Scheduler:
                 }
             )
         return rows
+
+
+# What an outage is.
+
+#: PostgreSQL's SQLSTATEs (prefixes) that mean the server can't be used for now: connection
+#: exceptions, the server shutting down or starting up, too many connections.
+_POSTGRESQL_OUTAGE = ("08", "57P", "53300")
+#: MySQL/MariaDB server errors of that meaning (besides the client's own, 2000 to 2999: can't
+#: connect, server gone away, lost connection): too many connections, shutdown in progress,
+#: aborted connection, network read and write errors, connection killed, idle timeout.
+_MYSQL_OUTAGE = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1184, 1927, 4031})
+#: SQLite has no server: only a busy or unreachable file.
+_SQLITE_OUTAGE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR")
+_SQLITE_OUTAGE_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "unable to open database",
+    "disk i/o error",
+)
+
+
+def is_outage(error: BaseException) -> bool:
+    """Does ``error`` mean that the database is out of reach (down, restarting, the network
+    cut), so that the same pass may succeed later? Django's ``InterfaceError`` and
+    ``OperationalError`` (and the drivers' own: PEP 249 names them alike), unless the
+    driver's code says that the statement itself failed (MySQL's unknown column, a statement
+    timeout); the socket's errors; and any error whose cause (``raise ... from``) is one.
+    Anything else is a bug, or a statement the database refuses: not an outage."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        verdict = _says_outage(cause)
+        if verdict is not None:
+            return verdict
+        cause = cause.__cause__
+    return False
+
+
+def _says_outage(error: BaseException) -> bool | None:
+    """True or False if ``error`` tells whether the database is out of reach; None if it
+    doesn't (its cause may)."""
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return True
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if "InterfaceError" in names:
+        return True  # the connection is closed, or unusable
+    if "OperationalError" not in names:
+        return False if isinstance(error, utils.Error) else None
+    if isinstance(error, utils.OperationalError) and error.__cause__ is not None:
+        return None  # Django's wrapper: the driver's error says which
+    driver = type(error).__module__.partition(".")[0]
+    if driver in ("psycopg", "psycopg2"):
+        sqlstate = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        return sqlstate is None or str(sqlstate).startswith(_POSTGRESQL_OUTAGE)  # None: no reply
+    if driver in ("MySQLdb", "pymysql"):
+        code = error.args[0] if error.args and isinstance(error.args[0], int) else None
+        return code is None or 2000 <= code < 3000 or code in _MYSQL_OUTAGE
+    if driver == "sqlite3":
+        name = getattr(error, "sqlite_errorname", None)  # Python 3.11+
+        if name is not None:
+            return str(name).startswith(_SQLITE_OUTAGE)
+        return str(error).lower().startswith(_SQLITE_OUTAGE_MESSAGES)
+    return True  # PEP 249: "an unexpected disconnect occurs, ..."
 
 
 def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -> None:

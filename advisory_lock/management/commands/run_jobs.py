@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock.schedule import entries
 from advisory_lock.scheduler import Scheduler
+from advisory_lock.scheduler import is_outage
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 from advisory_lock.validation import seconds_argument
@@ -55,15 +56,26 @@ class Command(BaseCommand):
             stop_grace=options["stop_grace"],
             say=self.stdout.write,
         )
-        if options["list"]:
-            self.list(scheduler, as_json=options["json"])
-        elif options["once"]:
-            if scheduler.run_once():
-                raise CommandError("a scheduled run failed", returncode=1)
-        else:
+        if not (options["list"] or options["once"]):
             if not schedule:
                 self.stderr.write("run_jobs: ADVISORY_LOCK['SCHEDULE'] is empty: nothing to run.")
-            scheduler.run_forever()
+            scheduler.run_forever()  # rides out database outages
+            return
+        # --list and --once end with the database out of reach: an error, no traceback (the
+        # next --once, from cron or a CronJob, is the retry).
+        try:
+            if options["list"]:
+                self.list(scheduler, as_json=options["json"])
+            elif scheduler.run_once():
+                raise CommandError("a scheduled run failed", returncode=1)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            raise CommandError(
+                f"the database {options['database']!r} is unreachable "
+                f"({type(error).__name__}: {first_line})"
+            ) from error
 
     def list(self, scheduler: Scheduler, *, as_json: bool) -> None:
         rows = scheduler.listing()

@@ -9,6 +9,33 @@ Statements that can't wait (a try, an unlock) run through libpq itself, psycopg'
 ``Connection.pgconn`` (``psycopg.pq``): one round trip, no cursor, no adaptation. Statements
 that may wait run through a psycopg cursor, whose wait lets Python's signal handlers run
 (Ctrl-C, SIGTERM, a watchdog), which a blocking libpq call would defer.
+
+Behind a transaction-mode pooler (PgBouncer) one client connection's statements run on any
+server connection, and between them a server connection serves other clients; PgBouncer resets
+nothing in between (its server_reset_query runs in session mode only). A session lock stays on
+the server session that took it, and PostgreSQL grants it again, at once, to whatever runs
+there next: a session's own holds never conflict, they are counted. Two things detect the
+pooler, each in the round trip of the lock statement itself:
+
+- the server pid: every session statement returns ``pg_backend_pid()``, and once it is known
+  runs only there (``CASE WHEN pg_backend_pid() = <pid>``). A pid that changes under one client
+  connection is a pooler. With one server connection in the pool it never changes.
+- the client mark: our first lock statement on a server session writes our client connection's
+  random id into a custom setting of that session, ``advisory_lock.client``, and it stays
+  there. A lock statement runs only where the mark is ours (the first one on a session, a
+  wait: ours or none). So a client lent a session that another client marked does not get
+  that client's lock a second time: its statement does nothing, and a second one reads
+  pg_locks. If the session holds any advisory lock, the lock is refused
+  (``NotSupportedError``; ``LockLost`` at a release); if it holds none, the mark is stale
+  (its client released everything) and the lock is taken there, marking the session ours.
+  pg_locks copies the server's whole lock table, so only that rare path reads it. A
+  transaction-scoped try checks the mark too, and on another client's reads pg_locks for its
+  key.
+
+What the mark can't see: session locks that other code (raw SQL) takes through the pooler, and
+a mark that a rollback undid. A setting is transactional, the lock is not: a session lock
+taken inside a transaction that then rolls back stays held without the mark, until the next
+statement of ours on that session writes it again.
 """
 
 from __future__ import annotations
@@ -17,6 +44,8 @@ import datetime
 import functools
 import hashlib
 import math
+import secrets
+import weakref
 from typing import Any
 from typing import NoReturn
 
@@ -36,8 +65,28 @@ from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import LockKey
 
 #: Aliases found behind a transaction-mode pooler (the server pid changed under one client
-#: connection): session locks are refused there for the rest of the process's life.
+#: connection, or a server connection held another client connection's session locks):
+#: session locks are refused there for the rest of the process's life.
 POOLED_ALIASES: set[str] = set()
+# How each alias of POOLED_ALIASES was found out, for the message.
+_FOUND_BY: dict[str, str] = {}
+_PID_CHANGED = "the server pid changed under one client connection"
+_FOREIGN_LOCKS = "a server connection it reached held another client connection's session locks"
+
+# The client mark (see the module docstring). A custom setting ("placeholder" GUC: a dotted name
+# no extension defines) is per server session, any role may set it, PgBouncer does not track it,
+# and DISCARD ALL (a session pooler's server_reset_query) clears it along with the session's
+# advisory locks. Never set, current_setting(..., true) is NULL; reset, ''. Reading it is most
+# of what the guard costs the server (about a microsecond per statement on a small machine),
+# so the prepared try and unlock read it once each, and only the first statement on a session
+# writes it.
+_MARK = "advisory_lock.client"
+_MARK_VALUE = f"current_setting('{_MARK}', true)"
+# Whether this server session holds any advisory lock (the rare path only: pg_locks copies the
+# server's whole lock table).
+_HOLDS_ANY = (
+    "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid())"
+)
 
 _IDLE = pq.TransactionStatus.IDLE
 _INERROR = pq.TransactionStatus.INERROR
@@ -47,6 +96,20 @@ _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BOOL_OID = 16
 _INT4_OID = 23
 _INT8_OID = 20
+_TEXT_OID = 25
+
+
+# The id of each client connection, the mark it writes: random, a positive bigint. Keyed by the
+# psycopg connection, not by the Django connection: Django's pool lends one psycopg connection
+# (one server session, one client) to the connections of several threads.
+_CLIENT_IDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _client_id(raw: Any) -> int:
+    client = _CLIENT_IDS.get(raw)
+    if client is None:
+        client = _CLIENT_IDS[raw] = secrets.randbits(62) + 1
+    return client
 
 
 @functools.cache
@@ -61,31 +124,76 @@ def _function(
     )
 
 
-def _select(function: str, arguments: str, *, pid: str | None) -> str:
-    """``SELECT function(arguments)``. Session statements (``pid`` given, or ``""`` before
-    the pid is known) also return ``pg_backend_pid()`` in the same round trip: a pid that
-    changes under one client connection means a transaction-mode pooler (PgBouncer) moved us
-    to another server connection. Once the pid is known they are *guarded*: they lock only
-    on that server connection, so a pooler can't make us take a lock that nobody will
-    release, or release someone else's."""
+def _select(function: str, arguments: str) -> str:
+    return f"SELECT {function}({arguments})"
+
+
+def _session_select(
+    function: str, arguments: str, *, pid: str, client: str, mode: str = "mark"
+) -> str:
+    """A session try, wait or unlock, *guarded*: it runs only on a server session whose client
+    mark ``mode`` accepts (``client``: our id), and once the server ``pid`` is known (``""``
+    before) only on that one. Columns: the function's result, NULL when the guard kept it from
+    running (a wait's result is void, ''), and ``pg_backend_pid()``.
+
+    ``mode`` says which marks let it run:
+
+    - "ours" (the prepared try and unlock, once we marked the session): ours only. One
+      current_setting() and one comparison: the server builds the expression anew at each
+      execution, so the guard is kept that small.
+    - "mark" (the first try on a session, a wait, a statement sent plain, an unlock again):
+      ours or none (a rollback may have undone ours, DISCARD ALL reset it). A try or wait
+      writes ours, then locks: CASE evaluates its branches in order and only those it needs.
+      If the lock statement fails (lock_timeout, a cancel), the rollback of its (sub)
+      transaction undoes set_config; a try that finds the lock busy leaves the mark, which
+      only sends another client that lands on this session down the "takeover" path.
+    - "takeover" (the rare path, after a try the guard kept from running): also another
+      client's mark, if the session holds no advisory lock (the mark is stale). One
+      statement, so that the pooler can't lend the session to anyone between the check and
+      the lock.
+    """
     call = f"{function}({arguments})"
-    if pid is None:
-        return f"SELECT {call}"
-    if pid:
-        call = f"CASE WHEN pg_backend_pid() = {pid} THEN {call} END"
-    return f"SELECT {call}, pg_backend_pid()"
+    # ``client``: a text parameter (no cast then), or a literal.
+    mine = f"{_MARK_VALUE} = {client}::text" if mode == "ours" else _unmarked_or_ours(client)
+    if mode == "takeover":
+        mine = f"CASE WHEN {mine} THEN true ELSE NOT {_HOLDS_ANY} END"
+    guard = f"pg_backend_pid() = {pid} AND {mine}" if pid else mine
+    if mode == "ours" or function.startswith("pg_advisory_unlock"):
+        return f"SELECT CASE WHEN {guard} THEN {call} END, pg_backend_pid()"
+    mark = f"set_config('{_MARK}', {client}::text, false) <> ''"
+    return (
+        f"SELECT CASE WHEN NOT ({guard}) THEN NULL WHEN {mark} THEN {call} END, pg_backend_pid()"
+    )
+
+
+def _unmarked_or_ours(client: str) -> str:
+    """The session carries no mark (NULL: never set; '': reset) or ours."""
+    return f"coalesce(nullif({_MARK_VALUE}, ''), {client}::text) = {client}::text"
 
 
 @functools.cache
 def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, list[int]]:
     """(name, statement with ``$n`` parameters, their type oids) of a session statement
     prepared on the server. The name is the text's hash: one name means one statement on any
-    server session, so a name found already prepared there is this statement."""
-    arguments = "$2, $3" if pair and guarded else "$1, $2" if pair else "$2" if guarded else "$1"
-    select = _select(function, arguments, pid="$1" if guarded else "")
+    server session, so a name found already prepared there is this statement.
+
+    Parameters, in order: the server pid (``guarded``: once it is known), our client id, and
+    the key (a bigint, or a pair of integers). The first try on a session (the pid unknown)
+    marks it ours; the statements after it run where it is ours (see ``_session_select``).
+    """
+    first = 3 if guarded else 2
+    arguments = f"${first}, ${first + 1}" if pair else f"${first}"
+    select = _session_select(
+        function,
+        arguments,
+        pid="$1" if guarded else "",
+        client="$2" if guarded else "$1",
+        mode="ours" if guarded else "mark",
+    )
     name = f"advisory_lock_{hashlib.sha256(select.encode()).hexdigest()[:16]}"
-    # The pid and the halves of a pair are integers; a single key is a bigint.
-    types = [_INT4_OID] * guarded + ([_INT4_OID, _INT4_OID] if pair else [_INT8_OID])
+    # The pid and the halves of a pair are integers, a single key is a bigint; the client id
+    # is text, as the mark is (the statement reads the same with it a bigint: ``$2::text``).
+    types = [_INT4_OID] * guarded + [_TEXT_OID] + ([_INT4_OID, _INT4_OID] if pair else [_INT8_OID])
     return name.encode(), select.encode(), types
 
 
@@ -100,6 +208,10 @@ class PostgreSQLBackend(LockBackend):
         self._raw: Any = None
         self._pid: int | None = None  # its server pid, once a session statement told us
         self._prepared: set[bytes] = set()  # statements prepared on its server session
+        self._client = 0  # the id of its client connection (its mark on server sessions)
+        # The first parameters of its prepared statements, encoded: the pid once known, the
+        # client id.
+        self._leading: list[bytes] = []
 
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
         return key.as_int64()
@@ -110,26 +222,41 @@ class PostgreSQLBackend(LockBackend):
         keys = db_key if type(db_key) is tuple else (db_key,)
         try:
             if transaction:  # the server releases it with the transaction (or savepoint)
-                function = _function(try_=True, xact=True, shared=shared)
-                row = self._run(_select(function, _args(keys), pid=None).encode(), begin=True)
-                if row[0] or timeout == 0:
-                    return bool(row[0])
+                granted = self._transaction_try(db_key, keys, shared)
+                if granted or timeout == 0:
+                    return granted
+                # The wait runs in the same transaction, so on the server session the try
+                # ran on (a pooler moves a client only between transactions).
                 function = _function(xact=True, shared=shared)
-                wait_row = self._wait(_select(function, _args(keys), pid=None), timeout)
-                return wait_row is not None
-            row = self._session_statement(_function(try_=True, shared=shared), keys)
-            if not self._held_on_same_server(row) and timeout != 0:
-                function = _function(shared=shared)
-                wait_row = self._wait(_select(function, _args(keys), pid=self._guard()), timeout)
-                return wait_row is not None and self._held_on_same_server(wait_row)
+                return self._wait(_select(function, _args(keys)), timeout) is not None
+            function = _function(try_=True, shared=shared)
+            row = self._on_same_server(self._session_statement(function, keys))
+            # NULL: the guard kept it from running. The session does not carry our mark: a
+            # rollback undid it, DISCARD ALL reset it, or it carries another client's (a
+            # pooler lent it to us).
+            mode = "takeover" if row[0] is None else "mark"
+            if row[0] is None:
+                row = self._take_over(function, keys)
+            if row[0] or timeout == 0:
+                return bool(row[0])
+            select = self._plain(_function(shared=shared), keys, mode=mode)
+            wait_row = self._wait(select, timeout)
+            if wait_row is None:
+                return False
+            if self._on_same_server(wait_row)[0] is None:
+                self._refuse()
         except errors.LockNotAvailable:
             return False  # lock_timeout (ours, or one set on the server) ran out: 55P03
-        return row[0] is True
+        return True
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         keys = db_key if type(db_key) is tuple else (db_key,)
-        released, pid = self._session_statement(_function(unlock=True, shared=shared), keys)
+        function = _function(unlock=True, shared=shared)
+        released, pid = self._session_statement(function, keys)
         expected = self._pid
+        if released is None and pid == expected:
+            # The session does not carry our mark (see acquire): again, where it carries none.
+            released, pid = self._run(self._plain(function, keys).encode())
         if not self._same_server(pid):
             raise LockLost(
                 f"The lock was taken on server pid {expected} of {self.describe()}, and the "
@@ -137,14 +264,33 @@ class PostgreSQLBackend(LockBackend):
                 f"between. The lock stays held by pid {expected} until that server "
                 f"connection closes. {pooler_advice(self.connection.alias)}"
             )
+        if released is None:
+            # Same pid, but the session carries another client's mark: a pooler lent it to
+            # another client, who locked there (a session that held our lock would have
+            # refused it). Nothing was unlocked (the guard): what that client holds stays.
+            self._pooler_found(_FOREIGN_LOCKS)
+            raise LockLost(
+                f"The lock was taken on server pid {expected} of {self.describe()}, and at "
+                f"its release that server connection held another client connection's "
+                f"session locks: a transaction-mode pooler (PgBouncer) is in between, and "
+                f"the lock was lost or not ours alone. Nothing was released. "
+                f"{pooler_advice(self.connection.alias)}"
+            )
         return bool(released)
 
     def is_held(self, db_key: Any) -> bool:
+        self._driver_connection()  # first: the pid and the client must be current
         classid, objid, objsubid = lock_row_ids(db_key)
+        # Held by the server session we locked on (the pid), and for us (the mark), not a
+        # session a pooler lends this connection now.
+        mine = _unmarked_or_ours(str(self._client))
+        guard = f"pg_backend_pid() = {self._pid} AND {mine}" if self._pid else mine
         return bool(
             self._run(
                 f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} "
-                f"AND l.pid = pg_backend_pid())".format(classid, objid, objsubid).encode()
+                f"AND l.pid = pg_backend_pid()) AND {guard}".format(
+                    classid, objid, objsubid
+                ).encode()
             )[0]
         )
 
@@ -153,11 +299,12 @@ class PostgreSQLBackend(LockBackend):
         return raw is not None and raw.pgconn.transaction_status == _INERROR
 
     def session_lock_problem(self) -> str | None:
-        if self.connection.alias in POOLED_ALIASES:
+        alias = self.connection.alias
+        if alias in POOLED_ALIASES:
             return (
                 f"Session-scoped locks can't work on {self.describe()}: a transaction-mode "
-                f"pooler was detected in front of it (the server pid changed under one "
-                f"client connection). {pooler_advice(self.connection.alias)}"
+                f"pooler was detected in front of it ({_FOUND_BY.get(alias, _PID_CHANGED)}). "
+                f"{pooler_advice(alias)}"
             )
         return super().session_lock_problem()
 
@@ -182,6 +329,62 @@ class PostgreSQLBackend(LockBackend):
 
     # Statements.
 
+    def _transaction_try(self, db_key: Any, keys: tuple[int, ...], shared: bool) -> bool:
+        """A transaction-scoped try, where the session carries no client mark or ours.
+
+        A session that carries another client's mark may hold that client's session locks (a
+        pooler lent it to this transaction), and PostgreSQL would grant us any of them at
+        once. Only then (rare) a second statement asks pg_locks whether it holds this key: if
+        not, the lock can be taken there; if so, refused.
+
+        The statement is parsed each time (see ``_run``): the guard is written with as few
+        functions and operators as can be, since each costs the parser a lookup. A reset
+        mark ('', after DISCARD ALL) takes the second statement too.
+        """
+        function = _function(try_=True, xact=True, shared=shared)
+        call = f"{function}({_args(keys)})"
+        self._driver_connection()  # first: the client must be current
+        mine = f"coalesce({_MARK_VALUE}, '{self._client}') = '{self._client}'"
+        row = self._run(f"SELECT CASE WHEN {mine} THEN {call} END".encode(), begin=True)
+        if row[0] is not None:
+            return bool(row[0])
+        held = (
+            f"EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = pg_backend_pid())"
+        ).format(*lock_row_ids(db_key))
+        row = self._run(f"SELECT CASE WHEN NOT {held} THEN {call} END".encode())
+        if row[0] is None:
+            self._pooler_found(_FOREIGN_LOCKS)
+            raise NotSupportedError(
+                f"No lock was taken on {self.describe()}: a transaction-mode pooler (PgBouncer) "
+                f"lent this transaction a server connection that holds this lock as a session "
+                f"lock of another client connection, and PostgreSQL would grant it to both. "
+                f"Another client takes session locks through the pooler: declare it there "
+                f"(ADVISORY_LOCK['POOL_MODE'] = {{{self.connection.alias!r}: 'transaction'}}), "
+                f"so that session locks are refused before any SQL. The lock stays on that "
+                f"server connection until it closes."
+            )
+        return bool(row[0])
+
+    def _plain(self, function: str, keys: tuple[int, ...], *, mode: str = "mark") -> str:
+        """A session statement as plain SQL (see ``_session_select``)."""
+        return _session_select(
+            function,
+            _args(keys),
+            pid="" if self._pid is None else str(self._pid),
+            client=str(self._client),
+            mode=mode,
+        )
+
+    def _take_over(self, function: str, keys: tuple[int, ...]) -> tuple[Any, ...]:
+        """A try the guard kept from running, again: where the session carries no mark or
+        ours, or another client's on a session that holds no advisory lock; else refuse."""
+        row = self._on_same_server(
+            self._run(self._plain(function, keys, mode="takeover").encode())
+        )
+        if row[0] is None:
+            self._refuse()
+        return row
+
     def _session_statement(self, function: str, keys: tuple[int, ...]) -> tuple[Any, ...]:
         """A session try or unlock. With no transaction open it runs as a statement prepared
         on the server session (parsed and planned once per session); inside a transaction
@@ -190,9 +393,9 @@ class PostgreSQLBackend(LockBackend):
         raw = self._driver_connection()  # first: what we know of the session must be current
         pid = self._pid
         if self._logged() or raw.pgconn.transaction_status != _IDLE:
-            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+            return self._run(self._plain(function, keys).encode())
         name, statement, types = _prepared(function, len(keys) == 2, pid is not None)
-        values = [str(value).encode() for value in (keys if pid is None else (pid, *keys))]
+        values = [*self._leading, *[str(key).encode() for key in keys]]
         pgconn = raw.pgconn
         if name not in self._prepared:
             result = pgconn.prepare(name, statement, types)
@@ -208,7 +411,7 @@ class PostgreSQLBackend(LockBackend):
             # DEALLOCATE or DISCARD ran, or a pooler moved us to another server connection:
             # run it plain, so that the pid tells which.
             self._prepared.clear()
-            return self._run(_select(function, _args(keys), pid=self._guard()).encode())
+            return self._run(self._plain(function, keys).encode())
         self._raise(result)
 
     def _wait(self, select: str, timeout: float | None) -> tuple[Any, ...] | None:
@@ -330,6 +533,8 @@ class PostgreSQLBackend(LockBackend):
             raw = connection.connection
         if raw is not self._raw:
             self._raw, self._pid, self._prepared = raw, None, set()
+            self._client = _client_id(raw)
+            self._leading = [str(self._client).encode()]
             result = raw.pgconn.exec_(b"SELECT pg_is_in_recovery()")
             if result.status != _TUPLES_OK:
                 self._raw = None
@@ -339,22 +544,34 @@ class PostgreSQLBackend(LockBackend):
                 raise replica_error(self.describe(), "is a standby (pg_is_in_recovery())")
         return raw
 
-    def _guard(self) -> str:
-        return "" if self._pid is None else str(self._pid)
+    def _pooler_found(self, how: str) -> None:
+        POOLED_ALIASES.add(self.connection.alias)
+        _FOUND_BY[self.connection.alias] = how
 
     def _same_server(self, pid: int) -> bool:
         """Note the server pid a session statement ran on; False if it moved (a pooler)."""
-        if self._pid is None or pid == self._pid:
-            self._pid = pid
+        if pid == self._pid:
             return True
-        POOLED_ALIASES.add(self.connection.alias)
+        if self._pid is None:
+            self._pid = pid
+            self._leading = [str(pid).encode(), *self._leading]
+            return True
+        self._pooler_found(_PID_CHANGED)
         return False
 
-    def _held_on_same_server(self, row: tuple[Any, ...]) -> bool:
+    def _on_same_server(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``row`` of a session try or wait, if it ran on our server session (its pid noted
+        if it is the first); ``NotSupportedError`` if a pooler moved us to another one: the
+        guard kept it from locking anything there."""
         if not self._same_server(row[1]):
-            # The guard kept the statement from locking anything on that other connection.
             raise NotSupportedError(self.session_lock_problem())
-        return row[0] is not False  # a wait returns void (None), a try a boolean
+        return row
+
+    def _refuse(self) -> NoReturn:
+        """The server session holds advisory locks and another client's mark: a pooler lent
+        it to us between that client's transactions. Nothing was locked (the guard)."""
+        self._pooler_found(_FOREIGN_LOCKS)
+        raise NotSupportedError(self.session_lock_problem())
 
 
 def _begin(raw: Any) -> bytes | None:

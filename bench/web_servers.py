@@ -284,6 +284,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--only", choices=[PG, MY])
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--part", choices=["async", "servers", "both"], default="both", help="what to measure"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     random.seed(seed)
@@ -293,11 +296,14 @@ def main() -> None:
         f"bench/web_servers.py, {library_revision()}; Django {django.__version__}, "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs, unpinned; seed {seed}\n"
     )
-    print(
-        f"## The lock in async code ({args.rounds} rounds x {args.pairs} pairs, "
-        f"uncontended, one event loop)\n"
-    )
-    print(async_cost(aliases, args))
+    if args.part in ("async", "both"):
+        print(
+            f"## The lock in async code ({args.rounds} rounds x {args.pairs} pairs, "
+            f"uncontended, one event loop)\n"
+        )
+        print(async_cost(aliases, args))
+    if args.part == "async":
+        return
     print(
         f"\n## The counter view under gunicorn and uvicorn ({args.workers} workers each; "
         f"{args.rounds} rounds x {args.requests} POSTs from {args.concurrency} client threads)\n"

@@ -13,6 +13,7 @@ from django.db import DatabaseError
 from django.db import connections
 from django.db import transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from psycopg import IsolationLevel
 from psycopg import pq
 
@@ -123,3 +124,18 @@ def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
         status = waiter.proc.wait(30)
         assert status != 0 and "KeyboardInterrupt" in waiter.stderr()
         assert holder.thread.is_alive()  # the lock was still held throughout
+
+
+@servers
+def test_a_key_busy_at_its_last_try_is_waited_for_at_once(using):
+    # Under contention a try before each wait would cost a round trip per acquisition: a key
+    # found busy is waited for without one (and tried again after a few acquisitions).
+    key = f"contended-{uuid.uuid4().hex[:8]}"
+    counts = []
+    for _ in range(2):
+        with held_elsewhere(key, using, until_waiting=True):
+            with CaptureQueriesContext(connections[using]) as queries:
+                with advisory_lock(key, using=using) as handle:
+                    assert handle.acquired
+        counts.append(len([q for q in queries if "LOCK" in q["sql"].upper()]))
+    assert counts == [3, 2]  # try, wait, release; then wait, release

@@ -67,11 +67,13 @@ class MySQLBackend(LockBackend):
     def acquire(
         self, db_key: Any, *, shared: bool, timeout: float | None, transaction: bool
     ) -> bool:
-        # A try first, which never waits in the server: most locks are free.
-        if self._get_lock(db_key, 0):
-            return True
-        if timeout == 0:
-            return False
+        # A try first, which never waits in the server: most locks are free (a key busy at
+        # its last try waits at once, see LockBackend.wait_at_once).
+        if timeout == 0 or not self.wait_at_once(db_key):
+            acquired = self._get_lock(db_key, 0)
+            self.note_contention(db_key, not acquired)
+            if acquired or timeout == 0:
+                return acquired
         if timeout is None:
             return self._get_lock(db_key, _FOREVER)
         if timeout == int(timeout) or self._is_mariadb():

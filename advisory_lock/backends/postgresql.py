@@ -229,6 +229,14 @@ class PostgreSQLBackend(LockBackend):
                 # ran on (a pooler moves a client only between transactions).
                 function = _function(xact=True, shared=shared)
                 return self._wait(_select(function, _args(keys)), timeout) is not None
+            if timeout != 0 and self.wait_at_once(db_key):
+                # Busy at its last try: wait at once. NULL (the guard kept it from running):
+                # the try below sorts out why.
+                wait_row = self._wait(self._plain(_function(shared=shared), keys), timeout)
+                if wait_row is None:
+                    return False
+                if self._on_same_server(wait_row)[0] is not None:
+                    return True
             function = _function(try_=True, shared=shared)
             row = self._on_same_server(self._session_statement(function, keys))
             # NULL: the guard kept it from running. The session does not carry our mark: a
@@ -237,6 +245,7 @@ class PostgreSQLBackend(LockBackend):
             mode = "takeover" if row[0] is None else "mark"
             if row[0] is None:
                 row = self._take_over(function, keys)
+            self.note_contention(db_key, not row[0])
             if row[0] or timeout == 0:
                 return bool(row[0])
             select = self._plain(_function(shared=shared), keys, mode=mode)

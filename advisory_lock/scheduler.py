@@ -43,6 +43,7 @@ from typing import Any
 from django.db import connections
 from django.db import utils
 
+from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.models import JobRun
 from advisory_lock.schedule import MAX_CATCH_UP
@@ -398,22 +399,6 @@ class Scheduler:
 
 # What an outage is.
 
-#: PostgreSQL's SQLSTATEs (prefixes) that mean the server can't be used for now: connection
-#: exceptions, the server shutting down or starting up, too many connections.
-_POSTGRESQL_OUTAGE = ("08", "57P", "53300")
-#: MySQL/MariaDB server errors of that meaning (besides the client's own, 2000 to 2999: can't
-#: connect, server gone away, lost connection): too many connections, shutdown in progress,
-#: aborted connection, network read and write errors, connection killed, idle timeout.
-_MYSQL_OUTAGE = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1184, 1927, 4031})
-#: SQLite has no server: only a busy or unreachable file.
-_SQLITE_OUTAGE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR")
-_SQLITE_OUTAGE_MESSAGES = (
-    "database is locked",
-    "database table is locked",
-    "unable to open database",
-    "disk i/o error",
-)
-
 
 def is_outage(error: BaseException) -> bool:
     """Does ``error`` mean that the database is out of reach (down, restarting, the network
@@ -445,19 +430,8 @@ def _says_outage(error: BaseException) -> bool | None:
         return False if isinstance(error, utils.Error) else None
     if isinstance(error, utils.OperationalError) and error.__cause__ is not None:
         return None  # Django's wrapper: the driver's error says which
-    driver = type(error).__module__.partition(".")[0]
-    if driver in ("psycopg", "psycopg2"):
-        sqlstate = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
-        return sqlstate is None or str(sqlstate).startswith(_POSTGRESQL_OUTAGE)  # None: no reply
-    if driver in ("MySQLdb", "pymysql"):
-        code = error.args[0] if error.args and isinstance(error.args[0], int) else None
-        return code is None or 2000 <= code < 3000 or code in _MYSQL_OUTAGE
-    if driver == "sqlite3":
-        name = getattr(error, "sqlite_errorname", None)  # Python 3.11+
-        if name is not None:
-            return str(name).startswith(_SQLITE_OUTAGE)
-        return str(error).lower().startswith(_SQLITE_OUTAGE_MESSAGES)
-    return True  # PEP 249: "an unexpected disconnect occurs, ..."
+    # The driver's own error: its backend knows which of its codes mean "out of reach".
+    return driver_error_is_outage(error)
 
 
 def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -> None:

@@ -19,6 +19,27 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# A driver's top-level module → the vendor whose backend knows its errors.
+DRIVERS: dict[str, str] = {
+    "psycopg": "postgresql",
+    "psycopg2": "postgresql",
+    "MySQLdb": "mysql",
+    "pymysql": "mysql",
+    "sqlite3": "sqlite",
+}
+
+
+def driver_error_is_outage(error: BaseException) -> bool:
+    """Does a driver's OperationalError mean that the database is out of reach for now (so
+    that a retry may succeed), rather than that the statement failed? Its backend says;
+    for a driver we don't know, PEP 249's meaning of OperationalError: yes."""
+    vendor = DRIVERS.get(type(error).__module__.partition(".")[0])
+    if vendor is None:
+        return True
+    backend: type[LockBackend] = import_string(BACKENDS[vendor] + "Backend")
+    return backend.is_outage(error)
+
+
 def backend_class(connection: BaseDatabaseWrapper) -> type[LockBackend]:
     """The ``LockBackend`` class for ``connection``'s database; NotSupportedError if none."""
     return import_string(_path(connection) + "Backend")  # type: ignore[no-any-return]

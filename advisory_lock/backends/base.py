@@ -114,6 +114,12 @@ class LockBackend:
         """``db_key`` as people read it."""
         return str(db_key)
 
+    @classmethod
+    def is_outage(cls, error: BaseException) -> bool:
+        """Does this driver's OperationalError mean the database is out of reach for now (a
+        retry may succeed), not that the statement failed? PEP 249: by default, yes."""
+        return True
+
     # Configuration, asked before any connection is made.
 
     def session_lock_problem(self) -> str | None:

@@ -38,6 +38,11 @@ MAX_NAME_LENGTH = 64
 # both take: 2**31 - 1 seconds, about 68 years.
 _FOREVER = 2**31 - 1
 _POLL_INTERVAL = 0.02
+#: Server errors that mean it can't be used for now (besides the client's own, 2000 to 2999:
+#: can't connect, server gone away, lost connection): too many connections, shutdown in
+#: progress, aborted connection, network read and write errors, connection killed, idle
+#: timeout.
+_OUTAGE = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1184, 1927, 4031})
 # Characters that no server escapes in a string literal, whatever the connection's character
 # set or sql_mode.
 _UNESCAPED = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-/,#@+=~ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -60,6 +65,11 @@ class MySQLBackend(LockBackend):
         super().__init__(connection)
         self._raw: Any = None  # the driver connection the field below belongs to
         self._mariadb = False
+
+    @classmethod
+    def is_outage(cls, error: BaseException) -> bool:
+        code = error.args[0] if error.args and isinstance(error.args[0], int) else None
+        return code is None or 2000 <= code < 3000 or code in _OUTAGE
 
     def db_key(self, key: LockKey) -> str:
         return _lock_name(self.connection.settings_dict["NAME"], key.identity)

@@ -88,6 +88,9 @@ _HOLDS_ANY = (
     "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid())"
 )
 
+#: SQLSTATEs (prefixes) that mean the server can't be used for now: connection exceptions,
+#: the server shutting down or starting up, too many connections.
+_OUTAGE = ("08", "57P", "53300")
 _IDLE = pq.TransactionStatus.IDLE
 _INERROR = pq.TransactionStatus.INERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -316,6 +319,11 @@ class PostgreSQLBackend(LockBackend):
                 f"{pooler_advice(alias)}"
             )
         return super().session_lock_problem()
+
+    @classmethod
+    def is_outage(cls, error: BaseException) -> bool:
+        sqlstate = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        return sqlstate is None or str(sqlstate).startswith(_OUTAGE)  # None: no reply
 
     @classmethod
     def pool_problem(cls, settings_dict: dict[str, Any]) -> str | None:

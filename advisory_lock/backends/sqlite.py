@@ -37,6 +37,13 @@ from advisory_lock.keys import shorten
 MAX_FILE_NAME_LENGTH = 120
 _POLL_START = 0.001
 _POLL_MAX = 0.05
+_OUTAGE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR")
+_OUTAGE_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "unable to open database",
+    "disk i/o error",
+)
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 # Folders found private to this user in this process (checked once each).
 _checked_folders: set[str] = set()
@@ -58,6 +65,15 @@ class SQLiteBackend(LockBackend):
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
         self._files: dict[str, _File] = {}
+
+    @classmethod
+    def is_outage(cls, error: BaseException) -> bool:
+        # No server: only a busy or unreachable file ("no such table" is an
+        # OperationalError too, and no outage).
+        name = getattr(error, "sqlite_errorname", None)  # Python 3.11+
+        if name is not None:
+            return str(name).startswith(_OUTAGE)
+        return str(error).lower().startswith(_OUTAGE_MESSAGES)
 
     def db_key(self, key: LockKey) -> str:
         name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")

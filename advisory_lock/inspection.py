@@ -13,6 +13,9 @@ from django.db import connections
 
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
+from advisory_lock.backends.base import BACKEND_PID
+from advisory_lock.backends.base import CONNECTION_ID
+from advisory_lock.backends.base import PROCESS_ID
 from advisory_lock.backends.base import Holder
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import LockKey
@@ -43,11 +46,23 @@ class HeldLock:
 
     @property
     def pid(self) -> int | None:
-        return self.holder_id if self.holder and self.holder.kind == "pid" else None
+        """PostgreSQL's backend pid (the server's process), or SQLite's holding process."""
+        kind = self.holder.kind if self.holder else None
+        return self.holder_id if kind in (BACKEND_PID, PROCESS_ID) else None
 
     @property
     def connection_id(self) -> int | None:
-        return self.holder_id if self.holder and self.holder.kind == "connection id" else None
+        return self.holder_id if self.holder and self.holder.kind == CONNECTION_ID else None
+
+    @property
+    def process(self) -> str | None:
+        """The holding program's OS process and host, "1234 on web-3", where the database
+        can tell (SQLite; PostgreSQL for this app's dedicated connections)."""
+        process_id = _holder_field(self, "process_id")
+        if process_id is None:
+            return None
+        host = _holder_field(self, "process_host")
+        return f"{process_id} on {host}" if host else str(process_id)
 
     # What the holder's session shows, for the templates.
     user = property(lambda self: _holder_field(self, "user"))
@@ -57,6 +72,8 @@ class HeldLock:
     backend_start = property(lambda self: _holder_field(self, "since"))
     state = property(lambda self: _holder_field(self, "state"))
     query = property(lambda self: _holder_field(self, "query"))
+    process_id = property(lambda self: _holder_field(self, "process_id"))
+    process_host = property(lambda self: _holder_field(self, "process_host"))
 
     def as_dict(self) -> dict[str, Any]:
         document = {

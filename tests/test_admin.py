@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -126,6 +128,13 @@ def test_the_locks_page_shows_the_holder_and_the_latest_run(client, alias):
         page = client.get(LOCKS, {"using": alias}).content.decode()
     assert "job:nightly_report" in page and "held" in page
     assert "nightly_report [2026-11-29] running" in page  # the latest JobRun under that lock
+    # Whose id the holder's is: SQLite's is a process (of this host: this one), PostgreSQL's
+    # the server's backend (held on a plain connection, which names no process).
+    if alias == "default":
+        assert f"<td>pid {os.getpid()}</td>" in page
+        assert f"<td>{os.getpid()} on {socket.gethostname()}</td>" in page
+    else:
+        assert "<td>backend pid " in page
     assert "Terminate holder" not in page and "<th>Query</th>" not in page
 
 

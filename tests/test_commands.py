@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -50,8 +51,39 @@ def test_eight_instances_started_together_run_exactly_once(using, tmp_path):
     for err in busy_lines:
         assert "lockapp.mixin_job: skipped, another instance holds lock" in err
         assert "'command:lockapp.mixin_job'" in err
-    # The holder is named: pid (PostgreSQL, SQLite) or connection id (MySQL/MariaDB).
-    assert all(" by pid " in err or " by connection id " in err for err in busy_lines)
+    # The holder is named: its process (PostgreSQL, SQLite) or connection id (MySQL/MariaDB).
+    assert all(" by process " in err or " by MySQL connection id " in err for err in busy_lines)
+
+
+def test_the_busy_line_names_the_holders_os_process_and_host_apart_from_the_servers_ids(
+    using, tmp_path
+):
+    done = tmp_path / "done"
+    holder = start(using, "decorated_job", "--until", str(done))
+    try:
+        pid = int(wait_for_line(holder, "running").split()[1])
+        status, _, err = finish(start(using, "decorated_job"))
+        session = holder_of(KEY, using)  # the server's view of the holder's lock connection
+    finally:
+        done.touch()
+    assert finish(holder)[0] == 0
+    assert status == BUSY, err
+    assert pid == holder.pid  # the holder's own OS process, not a parent or a wrapper
+    host = socket.gethostname()
+    expected = {
+        # SQLite: the flock's holder is a process of this host.
+        "default": f" by process {pid} on this host ({host}), since ",
+        # PostgreSQL: the process and host the lock's connection wrote in its
+        # application_name, then the server's own pid for the session.
+        "postgresql": f" by process {pid} on host {host} (PostgreSQL backend pid {session.id}, ",
+        # MySQL/MariaDB, performance_schema off: no process id to be had, and the line says
+        # that the number is the server's.
+        "mysql": (
+            f" by MySQL connection id {session.id} (the server's, not a process id), "
+            f"from {session.host}."
+        ),
+    }[using]
+    assert expected in err, err
 
 
 def test_default_busy_exit_status_is_zero(using):
@@ -262,7 +294,13 @@ def test_a_busy_instance_costs_one_connection_and_at_most_two_statements(using):
     statements = [q["sql"] for q in lock.connection.queries_log if "LOCK" in q["sql"].upper()]
     assert len(statements) == {"default": 0, "postgresql": 2, "mysql": 2}[using], statements
     assert len(lock.connection.queries_log) - len(statements) <= 2
-    assert " by pid " in message or " by connection id " in message
+    # held_elsewhere() holds it on a plain connection: on PostgreSQL no process to be had.
+    holder = {
+        "default": "process",
+        "postgresql": "PostgreSQL backend pid",
+        "mysql": "MySQL connection id",
+    }
+    assert f" by {holder[using]} " in message
 
 
 def test_the_watchdog_check_is_one_statement(using):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 
 import pytest
 from django.core.checks import run_checks
@@ -139,6 +141,35 @@ def test_advisory_locks_command_prints_a_table_and_json(using, capsys):
     assert "report:command" in table and "held" in table
     assert document["using"] == using
     assert any(lock["name"] == "report:command" for lock in document["locks"])
+
+
+def test_held_locks_and_advisory_locks_show_a_single_instance_holders_process(using, capsys):
+    from advisory_lock.dedicated import DedicatedLock
+
+    # A label longer than PostgreSQL keeps of an application_name (63 bytes): its end goes.
+    label = "lockapp." + "inspected" * 8
+    lock = DedicatedLock("command:lockapp.inspected", using=using, label=label)
+    try:
+        assert lock.acquire(0)
+        (held,) = find(held_locks(using), "command:lockapp.inspected")
+        call_command("advisory_locks", "--using", using)
+        table = capsys.readouterr().out
+    finally:
+        lock.release()
+    (row,) = [line for line in table.splitlines() if "command:lockapp.inspected" in line]
+    this_process = f"{os.getpid()} on {socket.gethostname()}"
+    if using == "mysql":  # the server knows no process of the holder's (performance_schema off)
+        assert held.process is None and held.process_id is None
+        assert f"connection id {held.holder_id}" in row
+        return
+    assert held.process == this_process
+    assert (held.process_id, held.process_host) == (os.getpid(), socket.gethostname())
+    kind = {"default": "pid", "postgresql": "backend pid"}[using]
+    assert f"{kind} {held.holder_id}" in row and this_process in row
+    if using == "postgresql":
+        assert held.pid == held.holder_id != os.getpid()  # the server's process, not ours
+        assert len(held.application_name) == 63
+        assert held.application_name.startswith(f"pid={os.getpid()} host=")
 
 
 # Signals

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import socket
 
 import psycopg
 import pytest
@@ -407,7 +408,11 @@ def test_single_instance_command_behind_declared_pooler_locks_through_direct_ali
     ):
         call_command("decorated_job")
     [(holder, application)] = seen["holders"]
-    assert application == "lockapp.decorated_job (advisory_lock)"
+    # The lock's connection names this process (call_command ran the command here) and its
+    # host first, then the command.
+    assert application == (
+        f"pid={os.getpid()} host={socket.gethostname()} lockapp.decorated_job (advisory_lock)"
+    )
     # The holder is none of PgBouncer's server connections: it connected directly.
     assert seen["data_pid"] in seen["bouncer_pids"]
     assert holder not in seen["bouncer_pids"]

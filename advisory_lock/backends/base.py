@@ -144,13 +144,22 @@ class LockBackend:
         return copy.deepcopy(settings_dict)
 
 
+#: What a ``Holder``'s ``id`` is: an OS process of this host (SQLite's flock holder), the
+#: PostgreSQL server process that serves the holder's session, or the MySQL/MariaDB server's
+#: number for the holder's connection. Only the first is the holding program's process.
+PROCESS_ID = "pid"
+BACKEND_PID = "backend pid"
+CONNECTION_ID = "connection id"
+_SERVER_IDS = {BACKEND_PID: "PostgreSQL backend pid", CONNECTION_ID: "MySQL connection id"}
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """A session that holds or waits for a lock, as far as the database can tell."""
 
     #: PostgreSQL's backend pid, MySQL's connection id, or (SQLite) the process id.
     id: int
-    #: What ``id`` is: "pid" (PostgreSQL; SQLite: the process) or "connection id" (MySQL).
+    #: What ``id`` is: ``PROCESS_ID``, ``BACKEND_PID`` or ``CONNECTION_ID``.
     kind: str
     user: str | None = None
     application_name: str | None = None
@@ -161,14 +170,35 @@ class Holder:
     transaction_start: datetime.datetime | None = None
     state: str | None = None
     query: str | None = None
+    #: The holding program's OS process id and host name, where the database can tell: the
+    #: flock's process (SQLite), or what our dedicated connections write into their
+    #: application_name (PostgreSQL). None for a holder that did not say (MySQL, psql).
+    process_id: int | None = None
+    process_host: str | None = None
 
     def describe(self) -> str:
-        """One line for messages: "pid 4821, application 'x', from 10.0.0.3, since ..."."""
-        parts = [f"{self.kind} {self.id}"]
-        if self.application_name:
-            parts.append(f"application {self.application_name!r}")
-        if self.client_addr or self.host:
-            parts.append(f"from {self.client_addr or self.host}")
+        """One line for messages that tells the holder's OS process from the server's ids:
+        "process 1234 on host web-3 (PostgreSQL backend pid 4821, from 10.0.3.7), since ...",
+        "MySQL connection id 17 (the server's, not a process id), from 10.0.3.7:50114",
+        "process 1234 on this host (web-3), since ..." (SQLite)."""
+        if self.kind == PROCESS_ID:
+            host = self.process_host or self.host
+            parts = [f"process {self.id} on this host" + (f" ({host})" if host else "")]
+        else:
+            session = [f"{_SERVER_IDS.get(self.kind, self.kind)} {self.id}"]
+            if self.process_id is None:
+                session[0] += " (the server's, not a process id)"
+                if self.application_name:
+                    # Ours carry the process, said in full below; another program's name is
+                    # all there is to tell who it is.
+                    session.append(f"application {self.application_name!r}")
+            if self.client_addr or self.host:
+                session.append(f"from {self.client_addr or self.host}")
+            if self.process_id is None:
+                parts = session
+            else:
+                where = f"on host {self.process_host}" if self.process_host else "(host unknown)"
+                parts = [f"process {self.process_id} {where} ({', '.join(session)})"]
         if self.since is not None:
             parts.append(f"since {self.since:%Y-%m-%d %H:%M:%S%z}")
         return ", ".join(parts)

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 from typing import Any
 
+from advisory_lock.backends.base import CONNECTION_ID
 from advisory_lock.backends.base import Holder
 from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
@@ -207,8 +208,11 @@ class MySQLInspector(LockInspector):
             connection_id, user, host, state, query = cursor.fetchone()
         if connection_id is None:
             return None
+        # No process id: the processlist has none, and the client's own (the connection
+        # attribute _pid that libmysqlclient and MariaDB Connector/C send) is readable only in
+        # performance_schema.session_connect_attrs, empty while performance_schema is off.
         return Holder(
-            id=connection_id, kind="connection id", user=user, host=host, state=state, query=query
+            id=connection_id, kind=CONNECTION_ID, user=user, host=host, state=state, query=query
         )
 
     def list_locks(self, known: dict[Any, str]) -> Listing:
@@ -300,7 +304,7 @@ def _row(row: tuple[Any, ...]) -> LockRow:
         granted=bool(granted),
         holder=Holder(
             id=connection_id,
-            kind="connection id",
+            kind=CONNECTION_ID,
             user=user,
             host=host,
             state=state,

@@ -44,7 +44,10 @@ import datetime
 import functools
 import hashlib
 import math
+import os
+import re
 import secrets
+import socket
 import weakref
 from typing import Any
 from typing import NoReturn
@@ -52,6 +55,7 @@ from typing import NoReturn
 from psycopg import errors
 from psycopg import pq
 
+from advisory_lock.backends.base import BACKEND_PID
 from advisory_lock.backends.base import Holder
 from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
@@ -340,8 +344,9 @@ class PostgreSQLBackend(LockBackend):
         settings_dict = super().dedicated_settings(settings_dict, label)
         options = settings_dict.setdefault("OPTIONS", {})
         options.pop("pool", None)  # a lock's own connection never goes back to a pool
-        # Shown in pg_stat_activity, so that "who holds it" answers with a name.
-        options["application_name"] = label[:63]
+        # Shown in pg_stat_activity, so that "who holds it" answers with the holder's process
+        # and host (the server knows only its own backend pid) and a name.
+        options["application_name"] = application_name(label)
         return settings_dict
 
     # Statements.
@@ -702,7 +707,7 @@ class PostgreSQLInspector(LockInspector):
                     holder=(
                         _holder(activity[:8])
                         if activity[0] is not None
-                        else Holder(pid, "pid")
+                        else Holder(pid, BACKEND_PID)
                         if pid is not None
                         else None
                     ),
@@ -728,9 +733,10 @@ class PostgreSQLInspector(LockInspector):
 
 def _holder(row: Any) -> Holder:
     pid, user, application, client, backend_start, xact_start, state, query = row
+    process_id, process_host = holder_process(application or "")
     return Holder(
         id=pid,
-        kind="pid",
+        kind=BACKEND_PID,
         user=user,
         application_name=application,
         client_addr=client or "local socket",
@@ -738,7 +744,31 @@ def _holder(row: Any) -> Holder:
         transaction_start=xact_start,
         state=state,
         query=query,
+        process_id=process_id,
+        process_host=process_host,
     )
+
+
+# The application_name of a dedicated lock connection: "pid=<pid> host=<host> <label>".
+# PostgreSQL keeps 63 bytes of it (NAMEDATALEN - 1); the process comes first, so that a cut
+# loses only the end of the label. A host is followed by a space: one cut short has none.
+_APPLICATION_PROCESS = re.compile(r"pid=([0-9]{1,10}) (?:host=(\S+) )?")
+
+
+def application_name(label: str) -> str:
+    """The application_name of a connection that holds a lock for ``label``, in this
+    process: ``pid=<OS pid> host=<host name> <label>``, cut to PostgreSQL's 63 bytes."""
+    name = f"pid={os.getpid()} host={socket.gethostname()} {label}"
+    return name.encode()[:63].decode(errors="ignore")
+
+
+def holder_process(application: str) -> tuple[int | None, str | None]:
+    """(OS pid, host name) of the process that ``application_name()`` wrote ``application``
+    for; the host is None if the cut took part of it, both None for another program's."""
+    match = _APPLICATION_PROCESS.match(application)
+    if match is None:
+        return None, None
+    return int(match[1]), match[2]
 
 
 def reset_pooled_connection(connection: Any) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from advisory_lock.backends.base import PROCESS_ID
 from advisory_lock.backends.base import Holder
 from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
@@ -290,7 +291,7 @@ class SQLiteInspector(LockInspector):
         if not holders:
             return None
         pid = min(holders)[1]  # the exclusive holder when there is one
-        return _recorded_holder(db_key, pid) or Holder(pid, "pid", host=socket.gethostname())
+        return _recorded_holder(db_key, pid) or _process(pid)
 
     def list_locks(self, known: dict[Any, str]) -> Listing:
         """Lock files in the lock folder, with the flock holders that /proc/locks shows."""
@@ -310,7 +311,7 @@ class SQLiteInspector(LockInspector):
         for inode, pid, exclusive, waiting in flocks:
             if inode not in files:
                 continue
-            holder = _recorded_holder(files[inode], pid) or Holder(pid, "pid")
+            holder = _recorded_holder(files[inode], pid) or _process(pid)
             held_for = None
             if not waiting and holder.since is not None:
                 held_for = (
@@ -354,7 +355,13 @@ def _recorded_holder(path: str, pid: int | None) -> Holder | None:
     since = None
     with contextlib.suppress(KeyError, ValueError):
         since = datetime.datetime.fromisoformat(fields["since"])
-    return Holder(int(fields["pid"]), "pid", host=fields.get("host"), since=since)
+    return _process(int(fields["pid"]), host=fields.get("host"), since=since)
+
+
+def _process(pid: int, host: str | None = None, since: datetime.datetime | None = None) -> Holder:
+    """A holder that is a process: /proc/locks lists the flocks of this host's processes."""
+    host = host or socket.gethostname()
+    return Holder(pid, PROCESS_ID, host=host, since=since, process_id=pid, process_host=host)
 
 
 def _kernel_flocks() -> list[tuple[int, int, bool, bool]] | None:

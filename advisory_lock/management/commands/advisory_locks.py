@@ -12,7 +12,18 @@ from advisory_lock.inspection import held_locks
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 
-HEADER = ["name", "key", "mode", "state", "holder", "user", "application", "client", "held/waited"]
+HEADER = [
+    "name",
+    "key",
+    "mode",
+    "state",
+    "holder",
+    "process",
+    "user",
+    "application",
+    "client",
+    "held/waited",
+]
 
 
 class Command(BaseCommand):
@@ -45,7 +56,9 @@ class Command(BaseCommand):
                     lock.key_text,
                     lock.mode,
                     "held" if lock.granted else "waiting",
-                    lock.holder_id,
+                    # "backend pid 4821", "connection id 17", "pid 1234": whose id it is.
+                    None if lock.holder is None else f"{lock.holder.kind} {lock.holder_id}",
+                    lock.process,
                     lock.user,
                     lock.application_name,
                     lock.client_addr or lock.host,

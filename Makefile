@@ -5,7 +5,7 @@ DJANGO ?= Django>=5.2,<6
 export PYTHON VENV DJANGO
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench serve setup dist clean
+.PHONY: demo test matrix bench serve setup dist clean
 
 ## Run the demo: 4 instances of a locked command start at once; exactly one does the work.
 demo:
@@ -20,13 +20,24 @@ serve:
 		--username admin --email admin@example.com >/dev/null 2>&1 || true
 	DJANGO_DEBUG=1 $(PY) manage.py runserver 127.0.0.1:8000
 
-## Run the whole test suite against SQLite, PostgreSQL and MariaDB (starts them if needed).
+## Run the whole test suite against SQLite, PostgreSQL and MariaDB (starts them if needed):
+## first in TEST_WORKERS processes at once (pytest-xdist, databases of their own each), then
+## the tests that restart a database server (marker restarts_servers), alone. PYTEST_ARGS go
+## to both runs; a run that selects none of its tests (pytest's status 5) is no failure.
+TEST_WORKERS ?= 2
 test:
 	scripts/setup.sh --servers
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --cache-dir $(VENV)/mypy_cache advisory_lock
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile -m "not restarts_servers" $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
+	$(VENV)/bin/pytest -m restarts_servers $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+## Every supported Python x Django pair: install the wheel, migrate, the quickstart, smoke tests.
+matrix:
+	scripts/setup.sh --servers
+	$(PY) scripts/matrix.py $(MATRIX_ARGS)
 
 ## Build the docs site into build/docs (Sphinx, docs/conf.py); a warning, such as a broken link,
 ## fails the build. Read the Docs builds the same (.readthedocs.yaml).

@@ -35,6 +35,16 @@ if "ADVISORY_LOCK_TEST_DIR" not in os.environ:
 RUN_DIR = Path(os.environ["ADVISORY_LOCK_TEST_DIR"])
 # Test database names are per run too, so that two runs on one machine don't collide.
 TEST_DATABASE = "test_advisory_lock_" + RUN_DIR.name.rsplit("-", 1)[-1].lower()
+# pytest-xdist (`make test`) runs the suite in several processes at once. Each one, and every
+# process its tests start (they inherit PYTEST_XDIST_WORKER), has a folder and databases of its
+# own, so that no two see each other's rows or locks: PostgreSQL's advisory locks belong to a
+# database, MySQL's lock names start with the database's name, SQLite's lock files sit beside
+# their database file.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER:
+    RUN_DIR = RUN_DIR / XDIST_WORKER
+    RUN_DIR.mkdir(exist_ok=True)
+    TEST_DATABASE = f"{TEST_DATABASE}_{XDIST_WORKER}"
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 

@@ -1,6 +1,7 @@
 """django-advisory-lock: database advisory locks that know about ``transaction.atomic``."""
 
 from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
@@ -43,6 +44,7 @@ __all__ = [
     "AdvisoryLockError",
     "HeldLock",
     "JobRun",
+    "LedgerNotMigrated",
     "LockHandle",
     "LockLost",
     "LockNotAcquired",

@@ -24,3 +24,8 @@ class LockLost(AdvisoryLockError):
 class ReplicaError(AdvisoryLockError, ImproperlyConfigured):
     """A lock was asked of a replica (a hot standby, a read-only server): its locks exclude
     nobody on the primary, so none is taken there."""
+
+
+class LedgerNotMigrated(AdvisoryLockError, ImproperlyConfigured):
+    """The ``job_runs`` ledger's table is missing (or lacks columns) on its database: the
+    app's migrations were not applied there. ``manage.py migrate`` creates it."""

@@ -27,20 +27,27 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 from typing import TypeVar
 
+from django.db import DEFAULT_DB_ALIAS
+from django.db import DatabaseError
 from django.db import IntegrityError
+from django.db import OperationalError
+from django.db import ProgrammingError
 from django.db import connections
 from django.db import models
 from django.db import router
 from django.db import transaction
 
 from advisory_lock import metrics
+from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
+from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
@@ -467,11 +474,60 @@ def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
     """Run the ledger's ``func`` on a connection of its own (see ``on_own_connection``), or,
     with ``ADVISORY_LOCK["LEDGER_IN_CALLERS_TRANSACTION"]`` (for tests: see
     ``advisory_lock.testing``), in a savepoint of the caller's transaction, so that a test's
-    rollback takes the ledger's rows with it."""
+    rollback takes the ledger's rows with it. A database without the ledger's table raises
+    ``LedgerNotMigrated`` (see ``table_checked``)."""
     if get_setting("LEDGER_IN_CALLERS_TRANSACTION"):
-        with transaction.atomic(using=using):
+        # Checked after the savepoint is rolled back: PostgreSQL answers nothing in a
+        # transaction that a failed statement aborted.
+        with table_checked(using), transaction.atomic(using=using):
             return func()
-    return on_own_connection(func, timeout=timeout)
+
+    def checked() -> T:
+        # In the thread whose connection failed (the caller's may be in a transaction).
+        with table_checked(using):
+            return func()
+
+    return on_own_connection(checked, timeout=timeout)
+
+
+@contextlib.contextmanager
+def table_checked(using: str) -> Iterator[None]:
+    """Raise ``LedgerNotMigrated``, which says to run ``migrate``, when a statement of the
+    block fails because the ledger's table is missing on ``using``.
+
+    The table is looked for only after a failure (Django's introspection: SQLite's "no such
+    table" is an OperationalError, PostgreSQL's and MySQL's a ProgrammingError), never before
+    the ledger's statements; an error that means the database is out of reach is left as it
+    is (asking again would only wait as long).
+    """
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as error:
+        if isinstance(error, OperationalError) and driver_error_is_outage(
+            error.__cause__ or error
+        ):
+            raise
+        if _table_missing(using):
+            migrate = "manage.py migrate"
+            if using != DEFAULT_DB_ALIAS:
+                migrate += f" --database {using}"
+            raise LedgerNotMigrated(
+                f"The ledger's table {JobRun._meta.db_table} does not exist on database "
+                f"{using!r}: the advisory_lock app's migrations are not applied there. Run "
+                f"'{migrate}', then try again."
+            ) from error
+        raise
+
+
+def _table_missing(using: str) -> bool:
+    """Does the database ``using`` say that it has no ledger table? False if it has one, or
+    does not answer (then the caller's error stands)."""
+    connection = connections[using]
+    try:
+        with connection.cursor() as cursor:
+            return JobRun._meta.db_table not in connection.introspection.table_names(cursor)
+    except DatabaseError:
+        return False
 
 
 def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:

@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 from django.core.management.base import OutputWrapper
 
 from advisory_lock.dedicated import DedicatedLock
+from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.overdue import Expectation
@@ -93,7 +94,11 @@ class SingleInstanceMixin:
             period=_setting(self, "lock_ledger"),
             owns_process=True,
         )
-        if not guarded.start():
+        try:
+            started = guarded.start()
+        except LedgerNotMigrated as error:
+            raise CommandError(str(error), returncode=1) from error
+        if not started:
             return self._skip(guarded.skipped, options)
         self.lock = guarded.lock
         from_command_line = getattr(self, "_called_from_command_line", False)

@@ -12,6 +12,8 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock import signals
+from advisory_lock.exceptions import LedgerNotMigrated
+from advisory_lock.ledger import table_checked
 from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
@@ -82,6 +84,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         options["database"] = database_option("--database", options["database"])
+        try:
+            with table_checked(options["database"]):
+                self.ledger(options)
+        except LedgerNotMigrated as error:
+            raise CommandError(str(error)) from error
+
+    def ledger(self, options: dict[str, Any]) -> None:
+        """What the options ask of the ledger."""
         text_option("--job", options["job"], max_length=MAX_JOB_NAME_LENGTH)
         text_option("--period", options["period"], max_length=MAX_PERIOD_LENGTH)
         runs = JobRun.objects.using(options["database"])

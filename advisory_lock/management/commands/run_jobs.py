@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
+from advisory_lock.exceptions import LedgerNotMigrated
+from advisory_lock.ledger import table_checked
 from advisory_lock.schedule import entries
 from advisory_lock.scheduler import Scheduler
 from advisory_lock.scheduler import is_outage
@@ -56,8 +58,16 @@ class Command(BaseCommand):
             stop_grace=options["stop_grace"],
             say=self.stdout.write,
         )
+        try:
+            with table_checked(options["database"]):
+                self.run(scheduler, options)
+        except LedgerNotMigrated as error:
+            raise CommandError(str(error)) from error
+
+    def run(self, scheduler: Scheduler, options: dict[str, Any]) -> None:
+        """Run the scheduler as the options ask: for ever, once, or list."""
         if not (options["list"] or options["once"]):
-            if not schedule:
+            if not scheduler.entries:
                 self.stderr.write("run_jobs: ADVISORY_LOCK['SCHEDULE'] is empty: nothing to run.")
             scheduler.run_forever()  # rides out database outages
             return

@@ -7,15 +7,12 @@ this process as the alias "unmigrated", and for the demo project's processes
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import subprocess
 import sys
-from urllib.parse import urlsplit
 
 import pytest
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -26,6 +23,7 @@ from advisory_lock import JobRun
 from advisory_lock import LedgerNotMigrated
 from advisory_lock import run_once
 from tests.commands import ROOT
+from tests.databases import new_database
 from tests.probes import is_free
 
 ALIAS = "unmigrated"
@@ -36,34 +34,14 @@ MIGRATE_HERE = re.escape(f"Run 'manage.py migrate --database {ALIAS}', then try 
 @pytest.fixture
 def unmigrated(using, tmp_path):
     """The new database's DATABASE_URL; the alias "unmigrated" reaches it meanwhile."""
-    connection = connections[using]
-    settings_dict = copy.deepcopy(connections.settings[using])
-    if connection.vendor == "sqlite":
-        settings_dict["NAME"] = str(tmp_path / "unmigrated.sqlite3")
-        url = f"sqlite:///{settings_dict['NAME']}"  # an absolute path: four slashes
-    else:
-        settings_dict["NAME"] = f"{connection.settings_dict['NAME']}_unmigrated"
-        server = {"postgresql": settings.POSTGRES_URL, "mysql": settings.MYSQL_URL}[using]
-        url = urlsplit(server)._replace(path=f"/{settings_dict['NAME']}").geturl()
-        run_on(using, "CREATE DATABASE {}", settings_dict["NAME"])
-    connections.settings[ALIAS] = settings_dict  # a copy of configured settings: complete
-    try:
-        yield url
-    finally:
-        connections[ALIAS].close()
-        del connections[ALIAS]
-        del connections.settings[ALIAS]
-        if connection.vendor == "postgresql":
-            # FORCE: a closed session's backend may still be on its way out.
-            run_on(using, "DROP DATABASE IF EXISTS {} WITH (FORCE)", settings_dict["NAME"])
-        elif connection.vendor == "mysql":
-            run_on(using, "DROP DATABASE IF EXISTS {}", settings_dict["NAME"])
-
-
-def run_on(using, sql, name):
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        cursor.execute(sql.format(connection.ops.quote_name(name)))
+    with new_database(using, tmp_path) as (settings_dict, url):
+        connections.settings[ALIAS] = settings_dict
+        try:
+            yield url
+        finally:
+            connections[ALIAS].close()
+            del connections[ALIAS]
+            del connections.settings[ALIAS]
 
 
 def manage(url, *argv):

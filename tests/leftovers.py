@@ -52,10 +52,12 @@ def lock_sessions(using):
     def count():
         with connections[using].cursor() as cursor:
             if vendor == "postgresql":
+                # "pid=<pid> host=<host> <label>": the process comes first, and a long
+                # label loses its end (its "(advisory_lock)") to PostgreSQL's 63 bytes.
                 cursor.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND application_name LIKE %s",
-                    ["%(advisory_lock)"],
+                    "AND pid <> pg_backend_pid() AND application_name ~ %s",
+                    [r"^pid=[0-9]+ "],
                 )
             else:
                 cursor.execute(

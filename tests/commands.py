@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: How long a step may take before the test counts the command as hung: a guard, not a timing
+#: (a loaded 2-core machine takes seconds to start a Django process).
+HANG = 300.0
 
 
 def command_env(alias: str) -> dict[str, str]:
@@ -35,7 +38,7 @@ def start(alias: str, *argv: str, program: list[str] | None = None) -> subproces
     )
 
 
-def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float = 20) -> str:
+def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float = HANG) -> str:
     """Read the process's stdout until a line starts with ``prefix``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -49,7 +52,7 @@ def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float = 20) -
     raise AssertionError(f"no {prefix!r} line; stderr: {process.stderr.read()}")
 
 
-def finish(process: subprocess.Popen, timeout: float = 30) -> tuple[int, str, str]:
+def finish(process: subprocess.Popen, timeout: float = HANG) -> tuple[int, str, str]:
     """Wait for the process; return (exit status, stdout, stderr)."""
     try:
         out, err = process.communicate(timeout=timeout)

@@ -195,13 +195,16 @@ def test_decorator_and_mixin_add_the_same_option_and_settings():
 
 
 def test_two_tenants_run_in_parallel_and_one_tenant_does_not(using, tmp_path):
-    ran = tmp_path / "ran"
-    args = ("--seconds", "2", "--ran", str(ran))
+    ran, done = tmp_path / "ran", tmp_path / "done"
+    args = ("--until", str(done), "--ran", str(ran))
     acme = start(using, "tenant_job", "--tenant", "acme", *args)
     wait_for_line(acme, "running")
+    # Both tenants run at once: globex works while acme still holds its lock (until "done").
     globex = start(using, "tenant_job", "--tenant", "globex", *args)
+    wait_for_line(globex, "running")
     acme_again = start(using, "tenant_job", "--tenant", "acme", *args)
     assert finish(acme_again)[0] == BUSY
+    done.touch()
     assert finish(globex)[0] == 0
     assert finish(acme)[0] == 0
     assert sorted(line.split()[1] for line in ran.read_text().splitlines()) == ["acme", "globex"]

@@ -6,6 +6,7 @@ from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.exceptions import ReplicaError
+from advisory_lock.exceptions import SlotAlreadySucceeded
 from advisory_lock.holds import LockHandle
 from advisory_lock.locks import AdvisoryLock
 from advisory_lock.locks import advisory_lock
@@ -51,6 +52,7 @@ __all__ = [
     "NotSupportedError",
     "ReplicaError",
     "SingleInstanceMixin",
+    "SlotAlreadySucceeded",
     "advisory_lock",
     "held_locks",
     "job_overdue",

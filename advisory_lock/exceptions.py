@@ -29,3 +29,10 @@ class ReplicaError(AdvisoryLockError, ImproperlyConfigured):
 class LedgerNotMigrated(AdvisoryLockError, ImproperlyConfigured):
     """The ``job_runs`` ledger's table is missing (or lacks columns) on its database: the
     app's migrations were not applied there. ``manage.py migrate`` creates it."""
+
+
+class SlotAlreadySucceeded(LockLost):
+    """A ledger run ended without error, but its slot already had a succeeded run, written
+    outside the ledger's claims (which refuse a slot that has one): the database allows one
+    success per slot, so the run was recorded ``failed``, saying so. A ``LockLost``, as a run
+    that was taken over: its work may have repeated the other's."""

@@ -6,8 +6,9 @@ it to Django); the functions here are its operations, which its queryset and its
 
 Each claim of a slot inserts a row: attempt 1, or the next attempt of a slot whose latest
 attempt failed or was abandoned. The unique (job, slot, attempt) constraint lets only one of
-two racing claimers in; a slot whose latest attempt is running or succeeded is taken. The
-row's id is its fencing token: it grows with every claim.
+two racing claimers in; a slot that has a success, or whose latest attempt is running, is
+taken. The row's id is its fencing token: it grows with every claim. A second success in a
+slot is refused by the database itself, whoever writes it (a unique index, see ``JobRun``).
 
 Every run is guarded by a lock held for its whole duration, named in its row. A ``running``
 row whose lock is free has lost its owner: the next claim, or ``mark_abandoned()``, marks it
@@ -40,6 +41,9 @@ from django.db import connections
 from django.db import models
 from django.db import router
 from django.db import transaction
+from django.db.models import Case
+from django.db.models import Value
+from django.db.models import When
 
 from advisory_lock import metrics
 from advisory_lock.backends import driver_error_is_outage
@@ -49,6 +53,7 @@ from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
+from advisory_lock.exceptions import SlotAlreadySucceeded
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
@@ -101,7 +106,8 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         return claim(self.db, job_name, period, retry_failed=retry_failed, lock_key=lock_key)
 
     def finish(self, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
-        """Record the end of ``run`` (``LockLost`` if another instance took it over)."""
+        """Record the end of ``run`` (``LockLost`` if another instance took it over;
+        ``SlotAlreadySucceeded``, a ``LockLost``, if its slot got a success from elsewhere)."""
         finish(self.db, run, error=error, timeout=timeout)
 
     def mark_abandoned(
@@ -134,6 +140,23 @@ class JobRun(models.Model):
         blank=True,
         help_text="The lock guarding the run (its key's identity); free means abandoned.",
     )
+    # At most one success per slot, checked by the database whoever writes the row (the ORM,
+    # QuerySet.update(), raw SQL): this column is 1 on a succeeded row and NULL on any other,
+    # in a unique index with the job and the slot (Meta.constraints). NULLs never collide in
+    # a unique index on any of the three databases (PostgreSQL: "two null values are not
+    # considered equal" unless NULLS NOT DISTINCT; MySQL: "a UNIQUE index permits multiple
+    # NULL values", and MariaDB alike; SQLite: "all NULL values are considered different from
+    # all other NULL values"), so failed, abandoned and running attempts stay unlimited. A
+    # UniqueConstraint(condition=...) would say the same, but MariaDB/MySQL have no partial
+    # indexes and Django skips it there. Stored (db_persist): PostgreSQL before 18 has stored
+    # generated columns only, MariaDB first indexed only PERSISTENT (stored) ones, and a
+    # stored column is indexed like any other everywhere.
+    succeeded = models.GeneratedField(
+        expression=Case(When(status=Status.SUCCEEDED, then=Value(1))),
+        output_field=models.SmallIntegerField(),
+        db_persist=True,
+        help_text="1 on a succeeded run, else NULL: a unique index allows one per slot.",
+    )
 
     objects = JobRunQuerySet.as_manager()
 
@@ -144,7 +167,10 @@ class JobRun(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["job_name", "period", "attempt"], name="job_runs_job_period_attempt_uniq"
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["job_name", "period", "succeeded"], name="job_runs_one_success_per_slot"
+            ),
         ]
         indexes = [
             models.Index(fields=["-started_at"], name="job_runs_started_idx"),
@@ -282,7 +308,7 @@ def _claim(
     now = inspector_for(connections[using]).database_now()
     this_slot = slot(period, now)
     rows = JobRun.objects.using(using)
-    attempts = rows.filter(job_name=job_name, period=this_slot).order_by("-attempt")
+    attempts = rows.filter(job_name=job_name, period=this_slot)
     attempt = 1
     for _ in range(5):  # a racing claimer may take the attempt we chose: look again
         try:
@@ -305,7 +331,7 @@ def _claim(
             pass
         else:
             return run, None
-        latest = attempts.first()
+        latest = deciding_attempt(attempts)
         if latest is None:
             continue  # pruned meanwhile
         if latest.status == Status.RUNNING:
@@ -317,31 +343,57 @@ def _claim(
         if max_attempts is not None and latest.attempt >= max_attempts:
             return None, latest  # out of attempts
         attempt = latest.attempt + 1
-    return None, attempts.first()
+    return None, deciding_attempt(attempts)
+
+
+def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
+    """The attempt that decides whether one slot's ``attempts`` may be claimed: its success,
+    if it has one, else its latest attempt.
+
+    The ledger's own runs only ever succeed as a slot's latest attempt; a success written
+    by hand on an earlier one (a failed attempt set to ``succeeded``) settles the slot all
+    the same, so that no later run of it tries to record a second success, which the unique
+    index would refuse.
+    """
+    return attempts.order_by(models.F("succeeded").desc(nulls_last=True), "-attempt").first()
 
 
 def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
     """Record the end of ``run``: succeeded, or failed with the (end of the) traceback.
 
     Fenced: only while its row is still ``running``. A run whose row was taken over (marked
-    abandoned because its lock was found free) raises ``LockLost`` and writes nothing.
+    abandoned because its lock was found free) raises ``LockLost`` and writes nothing. A
+    success that the database refuses, because another row of the slot has succeeded
+    (written by hand: claims refuse such a slot), is recorded failed with the reason, and
+    raises ``SlotAlreadySucceeded``.
     ``timeout``: give up (TimeoutError) if the database has not answered by then. The lock a
     bare ``claim()`` took for the run is released.
     """
     status = Status.FAILED if error else Status.SUCCEEDED
+    refused: list[str] = []  # why the success could not be recorded, if it could not
 
     def record() -> int:
         now = inspector_for(connections[using]).database_now()
-        updated = (
-            JobRun.objects.using(using)
-            .filter(pk=run.pk, status=Status.RUNNING)
-            .update(
-                status=status,
-                finished_at=now,
-                duration=now - run.started_at,
-                error=error[-MAX_ERROR_LENGTH:],
+        running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+        end = {"finished_at": now, "duration": now - run.started_at}
+        try:
+            # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) a refused
+            # UPDATE must not doom it (PostgreSQL aborts it on any error): a savepoint.
+            with _savepoint_if_in_transaction(using):
+                updated = running.update(status=status, error=error[-MAX_ERROR_LENGTH:], **end)
+        except IntegrityError:
+            # The UPDATE changes no column of the (job, slot, attempt) constraint: only the
+            # one-success-per-slot index can refuse it, for a success, when another row of
+            # the slot has succeeded. Record the run failed, saying so.
+            success = (
+                JobRun.objects.using(using)
+                .filter(job_name=run.job_name, period=run.period, status=Status.SUCCEEDED)
+                .first()
             )
-        )
+            if status != Status.SUCCEEDED or success is None:
+                raise
+            refused.append(_already_succeeded(run, success))
+            updated = running.update(status=Status.FAILED, error=refused[0], **end)
         # Read back here too, not in the caller's thread: a worker thread of async code
         # would keep the connection that read opened.
         run.refresh_from_db(using=using)
@@ -361,6 +413,18 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
             f"run's. Nothing was recorded for this run."
         )
     record_job_run(run.status, run.job_name, using, run)
+    if refused:
+        raise SlotAlreadySucceeded(refused[0])
+
+
+def _already_succeeded(run: JobRun, success: JobRun) -> str:
+    return (
+        f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) ended "
+        f"without error, but its slot already has a succeeded run, {success.pk} (attempt "
+        f"{success.attempt}), written outside the ledger's claims (a hand-written UPDATE?). "
+        f"The database allows one success per slot: this run was recorded failed, and its "
+        f"work may have repeated that run's."
+    )
 
 
 def assert_current(run: JobRun, using: str | None = None) -> None:

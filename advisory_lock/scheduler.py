@@ -45,6 +45,7 @@ from django.db import utils
 
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
+from advisory_lock.ledger import deciding_attempt
 from advisory_lock.models import JobRun
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
@@ -252,11 +253,8 @@ class Scheduler:
     def _wants_run(self, entry: Entry, slot: str, *, latest: bool) -> bool:
         if (entry.name, slot) in self._settled:
             return False
-        last = (
-            JobRun.objects.using(self.using)
-            .filter(job_name=entry.name, period=slot)
-            .order_by("-attempt")
-            .first()
+        last = deciding_attempt(
+            JobRun.objects.using(self.using).filter(job_name=entry.name, period=slot)
         )
         if last is None:
             return True

@@ -86,8 +86,8 @@ def test_the_busy_line_names_the_holders_os_process_and_host_apart_from_the_serv
     assert expected in err, err
 
 
-def test_default_busy_exit_status_is_zero(using):
-    holder = start(using, "default_job", "--seconds", "5")
+def test_default_busy_exit_status_is_zero(using, tmp_path):
+    holder = start(using, "default_job", "--until", str(tmp_path / "never"))
     try:
         wait_for_line(holder, "running")
         status, out, err = finish(start(using, "default_job"))
@@ -138,9 +138,9 @@ def test_lock_wait_rejects_bad_values(using):
         assert "--lock-wait" in err
 
 
-def test_django_admin_behaves_like_manage_py(using):
+def test_django_admin_behaves_like_manage_py(using, tmp_path):
     django_admin = [str(Path(sys.executable).parent / "django-admin")]
-    holder = start(using, "decorated_job", "--seconds", "5")
+    holder = start(using, "decorated_job", "--until", str(tmp_path / "never"))
     try:
         wait_for_line(holder, "running")
         second = start(using, "decorated_job", "--pythonpath", ".", program=django_admin)
@@ -162,8 +162,8 @@ def lock_on(using, monkeypatch):
     return using
 
 
-def test_call_command_raises_command_error_with_the_busy_status(lock_on):
-    holder = start(lock_on, "decorated_job", "--seconds", "5")
+def test_call_command_raises_command_error_with_the_busy_status(lock_on, tmp_path):
+    holder = start(lock_on, "decorated_job", "--until", str(tmp_path / "never"))
     try:
         wait_for_line(holder, "running")
         with pytest.raises(CommandError, match="skipped") as excinfo:
@@ -210,8 +210,8 @@ def test_two_tenants_run_in_parallel_and_one_tenant_does_not(using, tmp_path):
     assert sorted(line.split()[1] for line in ran.read_text().splitlines()) == ["acme", "globex"]
 
 
-def test_sigkill_of_the_holder_frees_the_lock_within_a_second(using):
-    holder = start(using, "decorated_job", "--seconds", "30")
+def test_sigkill_of_the_holder_frees_the_lock_within_a_second(using, tmp_path):
+    holder = start(using, "decorated_job", "--until", str(tmp_path / "never"))
     wait_for_line(holder, "running")
     holder.kill()
     killed_at = time.monotonic()
@@ -225,8 +225,8 @@ def test_sigkill_of_the_holder_frees_the_lock_within_a_second(using):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_sigterm_and_sigint_release_the_lock_and_exit_interrupted(using, signum):
-    holder = start(using, "decorated_job", "--seconds", "30")
+def test_sigterm_and_sigint_release_the_lock_and_exit_interrupted(using, signum, tmp_path):
+    holder = start(using, "decorated_job", "--until", str(tmp_path / "never"))
     wait_for_line(holder, "running")
     holder.send_signal(signum)
     status, _, err = finish(holder)
@@ -235,20 +235,22 @@ def test_sigterm_and_sigint_release_the_lock_and_exit_interrupted(using, signum)
     assert is_free(KEY, using)
 
 
-def test_closing_django_connections_mid_run_keeps_the_lock(using):
-    holder = start(using, "decorated_job", "--seconds", "3", "--close-connections")
+def test_closing_django_connections_mid_run_keeps_the_lock(using, tmp_path):
+    done = tmp_path / "done"
+    holder = start(using, "decorated_job", "--until", str(done), "--close-connections")
     try:
+        # The job says "running" once it has closed its Django connections.
         wait_for_line(holder, "running")
-        time.sleep(0.3)  # the command has closed its Django connections by now
         status, _, err = finish(start(using, "decorated_job"))
         assert status == BUSY and "skipped" in err
     finally:
-        assert finish(holder)[0] == 0
+        done.touch()
+    assert finish(holder)[0] == 0
 
 
 @pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
-def test_killed_holder_connection_raises_lock_lost_within_heartbeat(using):
-    holder = start(using, "decorated_job", "--seconds", "30")
+def test_killed_holder_connection_raises_lock_lost_within_heartbeat(using, tmp_path):
+    holder = start(using, "decorated_job", "--until", str(tmp_path / "never"))
     wait_for_line(holder, "running")
     target = holder_of(KEY, using).id
 

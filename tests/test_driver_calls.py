@@ -20,6 +20,7 @@ from psycopg import pq
 from advisory_lock import advisory_lock
 from advisory_lock.backends import inspector_for
 from tests.probes import is_free
+from tests.processes import DEFAULT_TIMEOUT
 from tests.processes import Workers
 from tests.test_locks import held_elsewhere
 from tests.wire import round_trips
@@ -121,7 +122,7 @@ def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
         else:
             pytest.fail("the waiter never showed up waiting")
         os.kill(waiter.proc.pid, signal.SIGINT)
-        status = waiter.proc.wait(30)
+        status = waiter.proc.wait(DEFAULT_TIMEOUT)  # a guard against a hang, not a timing
         assert status != 0 and "KeyboardInterrupt" in waiter.stderr()
         assert holder.thread.is_alive()  # the lock was still held throughout
 

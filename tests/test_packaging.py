@@ -95,6 +95,12 @@ def parse_metadata(text: str) -> Message:
     return HeaderParser().parsestr(text)
 
 
+def versions(classifiers: set[str], prefix: str) -> list[tuple[int, int]]:
+    """The X.Y versions of the classifiers that start with ``prefix``, oldest first."""
+    found = [c[len(prefix) :] for c in classifiers if c.startswith(prefix)]
+    return sorted(tuple(map(int, v.split("."))) for v in found if re.fullmatch(r"\d+\.\d+", v))
+
+
 def check_metadata(metadata: Message) -> None:
     assert metadata["Name"] == "django-advisory-lock"
     assert metadata["Version"] == VERSION
@@ -106,6 +112,12 @@ def check_metadata(metadata: Message) -> None:
     assert classifiers >= CLASSIFIERS, CLASSIFIERS - classifiers
     # PEP 639: the license expression replaces the classifier (setuptools refuses both).
     assert not [c for c in classifiers if c.startswith("License ::")]
+    # requires-python, the dependency on Django and the classifiers say the same (and
+    # scripts/matrix.py tests each classified pair).
+    pythons = versions(classifiers, "Programming Language :: Python :: ")
+    djangos = versions(classifiers, "Framework :: Django :: ")
+    assert metadata["Requires-Python"] == ">={}.{}".format(*pythons[0])
+    assert "Django>={}.{}".format(*djangos[0]) in metadata.get_all("Requires-Dist", [])
 
     urls = dict(line.split(", ", 1) for line in metadata.get_all("Project-URL", []))
     assert set(urls) >= PROJECT_URLS, PROJECT_URLS - set(urls)

@@ -417,13 +417,74 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
         raise SlotAlreadySucceeded(refused[0])
 
 
-def _already_succeeded(run: JobRun, success: JobRun) -> str:
+def lock_running_row(using: str, run: JobRun) -> None:
+    """Lock ``run``'s row in the caller's transaction on ``using`` until it ends, or raise
+    ``LockLost`` if it is no longer its slot's running attempt: the first statement of an
+    atomic run's transaction (``run_once(atomic=True)``).
+
+    An UPDATE of the row to the status it must have is the fence, the row lock and the
+    transaction's write lock at once. ``QuerySet.update()`` returns the number of rows
+    matched, changed or not: 0 means the run was taken over. On PostgreSQL and MySQL an
+    UPDATE locks the rows it matches until the transaction ends (PostgreSQL: against
+    UPDATE, DELETE and SELECT ... FOR UPDATE; InnoDB: an exclusive record lock), so a claim
+    that would mark the run abandoned waits for this transaction to end, and then finds the
+    row no longer running. SQLite has no row locks (Django ignores ``select_for_update()``
+    there) but one writer per database file: a transaction that starts with a read and then
+    writes gets SQLITE_BUSY at once, without waiting, if another connection wrote meanwhile
+    ("database is locked"); one whose first statement is a write takes the write lock then,
+    waiting for it up to the connection's busy timeout (the ``timeout`` option, 5 seconds by
+    default), and keeps it, and so the whole file, until it ends.
+    """
+    running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+    if not running.update(status=Status.RUNNING):
+        raise LockLost(_taken_over(run))
+
+
+def succeed_in_transaction(using: str, run: JobRun) -> None:
+    """Record ``run`` succeeded in the caller's transaction on ``using``, whose first
+    statement was ``lock_running_row(using, run)``: the mark commits with the job's writes,
+    or not at all. Fenced as ``finish()``: ``LockLost`` if the run is no longer its slot's
+    running attempt or its lock is lost, ``SlotAlreadySucceeded`` if the database refuses a
+    second success in the slot; the caller then rolls the transaction back."""
+    now = inspector_for(connections[using]).database_now()
+    running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+    end = {"finished_at": now, "duration": now - run.started_at}
+    try:
+        # A savepoint: PostgreSQL answers nothing more in a transaction that a failed
+        # statement aborted, and the refusal's message names the slot's success.
+        with transaction.atomic(using=using):
+            updated = running.update(status=Status.SUCCEEDED, error="", **end)
+    except IntegrityError:
+        success = (
+            JobRun.objects.using(using)
+            .filter(job_name=run.job_name, period=run.period, status=Status.SUCCEEDED)
+            .first()
+        )
+        if success is None:
+            raise
+        raise SlotAlreadySucceeded(_already_succeeded(run, success, rolled_back=True)) from None
+    if not updated:
+        raise LockLost(_taken_over(run))
+    if run.lock is not None and not run.lock.verify():
+        raise LockLost(run.lock.lost_message())
+
+
+def _taken_over(run: JobRun) -> str:
+    return (
+        f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) is no "
+        f"longer its slot's running attempt: another instance took it over."
+    )
+
+
+def _already_succeeded(run: JobRun, success: JobRun, *, rolled_back: bool = False) -> str:
+    work = (
+        "its writes were rolled back" if rolled_back else "its work may have repeated that run's"
+    )
     return (
         f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) ended "
         f"without error, but its slot already has a succeeded run, {success.pk} (attempt "
         f"{success.attempt}), written outside the ledger's claims (a hand-written UPDATE?). "
-        f"The database allows one success per slot: this run was recorded failed, and its "
-        f"work may have repeated that run's."
+        f"The database allows one success per slot: this run was recorded failed, and {work}."
     )
 
 
@@ -437,10 +498,7 @@ def assert_current(run: JobRun, using: str | None = None) -> None:
     if connections[using].in_atomic_block:
         rows = rows.select_for_update()
     if not rows.exists():
-        raise LockLost(
-            f"{run.job_name}: run {run.pk} (slot {run.period}, attempt {run.attempt}) is no "
-            f"longer its slot's running attempt: another instance took it over."
-        )
+        raise LockLost(_taken_over(run))
     if run.lock is not None and not run.lock.verify():
         raise LockLost(run.lock.lost_message())
 

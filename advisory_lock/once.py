@@ -44,6 +44,10 @@ class run_once:
     propagates: the lock is released, its connection closed, the run recorded ``failed``
     ("cancelled ..." for a cancellation). A ``heartbeat`` the watchdog can't wait on is a
     ``ValueError`` here, before anything is taken.
+
+    ``atomic=True`` (sync code only): the body runs in ``transaction.atomic`` on the
+    ledger's database, and the run's success is written in that transaction, so the body's
+    writes there and the success commit together or not at all (docs/jobs.md).
     """
 
     def __init__(
@@ -54,12 +58,14 @@ class run_once:
         using: str | None = None,
         retry_failed: bool = True,
         heartbeat: float = 10,
+        atomic: bool = False,
     ) -> None:
         self.job_name = check_job_name(job_name)
         self.period = check_period(period)
         self.using = check_alias(using)
         self.retry_failed = check_flag("retry_failed", retry_failed)
         self.heartbeat = check_heartbeat(heartbeat)
+        self.atomic = check_flag("atomic", atomic)
         self._stacks: dict[object, list[GuardedRun | None]] = {}
 
     def __enter__(self) -> JobRun | None:
@@ -80,6 +86,7 @@ class run_once:
         # The lock's connection and the ledger's writes are connections of their own: their
         # statements run in a worker thread, without holding up the thread of the ORM calls.
         # Cancelled meanwhile, the run lets go of what it took (see GuardedRun.astart).
+        self._check_sync("async with run_once(...)")
         guarded = self._guarded()
         started = await guarded.astart()
         self._push(guarded if started else None)
@@ -96,6 +103,7 @@ class run_once:
 
     def __call__(self, func: Func) -> Func:
         if inspect.iscoroutinefunction(func):
+            self._check_sync(f"@run_once on the coroutine function {func.__qualname__}")
 
             @functools.wraps(func)
             async def async_inner(*args: Any, **kwargs: Any) -> Any:
@@ -123,7 +131,16 @@ class run_once:
             heartbeat=self.heartbeat,
             period=self.period,
             retry_failed=self.retry_failed,
+            atomic=self.atomic,
         )
+
+    def _check_sync(self, where: str) -> None:
+        if self.atomic:
+            raise TypeError(
+                f"{where}: atomic=True is for sync code. Django's transactions do not work "
+                f"in async code: write the job as a sync function, decorate it with "
+                f"@run_once(..., atomic=True), and call it through sync_to_async()."
+            )
 
     # The runs this object is in, innermost last: per asyncio task in async code, else per
     # thread (one object may be used by several at once).

@@ -11,7 +11,16 @@ JSON object per line on stdout and reads its cues on stdin. Commands:
   ``leaving``, and after the block ``done``; a ``LockLost`` at any point says ``lost`` (with
   the error) and exits with status 1.
 
-Either is meant to be killed (SIGKILL) at any point: a crash, as the ledger must survive it.
+* ``atomic JOB EFFECT [--period P]``: ``with run_once(JOB, period=P, using=A,
+  atomic=True) as run``: create the Counter named EFFECT (the job's write, in the run's
+  transaction), say ``wrote`` (pk, attempt), wait for a cue, say ``leaving``, and after the
+  block ``done``; ``lost`` and status 1 on a ``LockLost``, ``skipped`` if the slot is taken.
+* ``atomic-jobs PREFIX --jobs N``: say ``ready``, wait for ``go``, then run N atomic jobs
+  one after the other, ``PREFIX-0`` to ``PREFIX-<N-1>``, each reading the Counter table
+  and then creating the Counter named after the job; say ``done`` with the number that
+  succeeded and the errors (``type: message``) of those that did not.
+
+Any is meant to be killed (SIGKILL) at any point: a crash, as the ledger must survive it.
 """
 
 from __future__ import annotations
@@ -63,6 +72,51 @@ def run_once_block(args: argparse.Namespace) -> None:
     say("done")
 
 
+def atomic_block(args: argparse.Namespace) -> None:
+    from advisory_lock import LockLost
+    from advisory_lock import run_once
+    from testproject.example.models import Counter
+
+    try:
+        with run_once(args.job, period=args.period, using=args.using, atomic=True) as run:
+            if run is None:
+                say("skipped")
+                return
+            Counter.objects.using(args.using).create(name=args.effect)
+            say("wrote", pk=run.pk, attempt=run.attempt)
+            cue()
+            say("leaving")
+    except LockLost as error:
+        say("lost", error=f"{type(error).__name__}: {error}")
+        sys.exit(1)
+    say("done")
+
+
+def atomic_jobs(args: argparse.Namespace) -> None:
+    from django.db import connections
+
+    from advisory_lock import run_once
+    from testproject.example.models import Counter
+
+    connections[args.using].ensure_connection()
+    say("ready")
+    if cue() != "go":
+        return
+    counters = Counter.objects.using(args.using)
+    succeeded, errors = 0, []
+    for number in range(args.jobs):
+        name = f"{args.prefix}-{number}"
+        try:
+            with run_once(name, period="once", using=args.using, atomic=True) as run:
+                assert run is not None, f"{name}: skipped"
+                counters.filter(name__startswith=args.prefix).count()  # a read first
+                counters.create(name=name)
+            succeeded += 1
+        except Exception as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    say("done", succeeded=succeeded, errors=errors)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.ledger_child")
     parser.add_argument("--using", required=True, help="the database alias")
@@ -72,6 +126,15 @@ def main() -> None:
         command.add_argument("job")
         command.add_argument("--period", default="once")
         command.set_defaults(run=run)
+    command = commands.add_parser("atomic")
+    command.add_argument("job")
+    command.add_argument("effect")
+    command.add_argument("--period", default="once")
+    command.set_defaults(run=atomic_block)
+    command = commands.add_parser("atomic-jobs")
+    command.add_argument("prefix")
+    command.add_argument("--jobs", type=int, required=True)
+    command.set_defaults(run=atomic_jobs)
     args = parser.parse_args()
     django.setup()
     args.run(args)

@@ -29,6 +29,7 @@ from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost
 from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_seconds
 from advisory_lock.validation import wait_limit
 
@@ -57,6 +58,7 @@ def single_instance(
     ledger: Period | None = None,
     on_busy: str | None = None,
     grace: float | None = None,
+    atomic: bool = False,
 ) -> Any:
     """Decorate a ``BaseCommand`` subclass or a function (sync or async): one instance runs
     at a time, fleet-wide.
@@ -67,10 +69,12 @@ def single_instance(
     and ``on_busy`` says what a call that finds the lock busy does: ``"skip"`` (the default:
     return None) or ``"raise"`` (``LockNotAcquired``). ``grace`` (seconds) declares the job
     for the overdue report: a slot without a successful run is overdue that long after its
-    end (``advisory_lock.overdue``).
+    end (``advisory_lock.overdue``). ``atomic=True`` (with a ``ledger``, sync code only):
+    the body runs in ``transaction.atomic`` on the ledger's database, and the run's success
+    commits with its writes there, or neither does (docs/jobs.md).
     """
     settings = _checked_settings(
-        key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy, grace
+        key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy, grace, atomic
     )
 
     def decorate(decorated: Any) -> Any:
@@ -84,6 +88,13 @@ def single_instance(
         if inspect.isfunction(decorated) or inspect.iscoroutinefunction(decorated):
             if busy_exit_code:
                 raise TypeError("busy_exit_code= is for commands; a function uses on_busy=.")
+            if atomic and inspect.iscoroutinefunction(decorated):
+                raise TypeError(
+                    f"@single_instance(atomic=True) on the coroutine function "
+                    f"{decorated.__qualname__}: atomic=True is for sync code. Django's "
+                    f"transactions do not work in async code: write the job as a sync "
+                    f"function and call it through sync_to_async()."
+                )
             if grace is not None and isinstance(ledger, str):
                 declare(f"{decorated.__module__}.{decorated.__qualname__}", ledger, grace)
             return single_instance_function(
@@ -95,6 +106,7 @@ def single_instance(
                 on_lost=on_lost,
                 ledger=settings["lock_ledger"],
                 on_busy=on_busy or "skip",
+                atomic=atomic,
             )
         raise TypeError(
             f"@single_instance decorates a BaseCommand subclass or a function, not {decorated!r}."
@@ -124,6 +136,7 @@ def _checked_settings(
     ledger: Any,
     on_busy: Any,
     grace: Any,
+    atomic: Any,
 ) -> dict[str, Any]:
     if key is not None and not callable(key):
         make_key(key)
@@ -139,6 +152,12 @@ def _checked_settings(
         raise ValueError(f"on_lost must be 'raise', 'warn' or a callable, not {on_lost!r}.")
     if on_busy is not None and on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be 'skip' or 'raise', not {on_busy!r}.")
+    check_flag("atomic", atomic)
+    if atomic and ledger is None:
+        raise ValueError(
+            "atomic=True commits the run's success in the ledger together with its writes: "
+            "it needs a ledger period (ledger=...)."
+        )
     if grace is not None:
         check_seconds("grace", grace, maximum=MAX_SECONDS)
         if not isinstance(ledger, str) or ledger == "once":
@@ -155,4 +174,5 @@ def _checked_settings(
         "lock_on_lost": on_lost,
         "lock_ledger": None if ledger is None else check_period(ledger),
         "lock_grace": grace,
+        "lock_ledger_atomic": atomic,
     }

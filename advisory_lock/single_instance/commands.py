@@ -50,6 +50,9 @@ class SingleInstanceMixin:
     #: A ledger period ("hourly", "daily", ... or a callable): at most one successful run per
     #: slot, recorded in ``job_runs`` under the command's name. None: no ledger.
     lock_ledger: Period | None = None
+    #: With a ``lock_ledger``: run ``handle()`` in ``transaction.atomic`` on the ledger's
+    #: database, and commit the run's success with its writes there, or neither.
+    lock_ledger_atomic: bool = False
     #: Seconds after a slot's end when a slot without a successful run is overdue (see
     #: ``advisory_lock.overdue``); None: the command is not watched.
     lock_grace: float | None = None
@@ -93,6 +96,7 @@ class SingleInstanceMixin:
             on_lost=_setting(self, "lock_on_lost"),
             period=_setting(self, "lock_ledger"),
             owns_process=True,
+            atomic=self.lock_ledger_atomic,
         )
         try:
             started = guarded.start()

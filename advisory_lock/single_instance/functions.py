@@ -44,6 +44,7 @@ def single_instance_function(
     on_lost: OnLost,
     ledger: Period | None,
     on_busy: str,
+    atomic: bool = False,
 ) -> Callable[..., Any]:
     """``func`` wrapped: each call runs under ``GuardedRun`` (see the module's docstring)."""
     label = f"{func.__module__}.{func.__qualname__}"
@@ -58,6 +59,7 @@ def single_instance_function(
             heartbeat=heartbeat,
             on_lost=on_lost,
             period=ledger,
+            atomic=atomic,
         )
 
     def skipped(run: GuardedRun) -> None:

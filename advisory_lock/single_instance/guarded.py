@@ -30,14 +30,19 @@ from typing import Any
 from typing import TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db import connections
+from django.db import transaction
+from django.db.transaction import TransactionManagementError
 
 from advisory_lock.async_locks import _Hop
 from advisory_lock.dedicated import DedicatedLock
+from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.periods import Period
+from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
 
 if TYPE_CHECKING:
@@ -99,7 +104,13 @@ class GuardedRun:
         retry_failed: bool = True,
         max_attempts: int | None = None,
         owns_process: bool = False,
+        atomic: bool = False,
     ) -> None:
+        if atomic and period is None:
+            raise ValueError(
+                f"{label}: atomic=True commits the run's success in the ledger together with "
+                f"its writes: it needs a ledger period."
+            )
         self.key = make_key(key)
         #: A command owns its process: SIGTERM and SIGINT end its run (see below).
         self.owns_process = owns_process
@@ -112,6 +123,10 @@ class GuardedRun:
         self.retry_failed = retry_failed
         #: At most this many attempts at a slot, fleet-wide (None: no bound).
         self.max_attempts = max_attempts
+        #: The body runs in a transaction on the ledger's database that commits its success.
+        self.atomic = atomic
+        #: That transaction, from the end of ``start()`` to ``end()``.
+        self._transaction: contextlib.AbstractContextManager[object] | None = None
         #: The run's lock, once ``start()`` returned True.
         self.lock: DedicatedLock | None = None
         self.run: JobRun | None = None
@@ -136,8 +151,11 @@ class GuardedRun:
         # The ledger needs Django's app registry, which is not ready when this module loads.
         from advisory_lock.ledger import claim_slot
         from advisory_lock.ledger import describe_taken
+        from advisory_lock.ledger import lock_running_row
         from advisory_lock.ledger import record_job_run
 
+        if self.atomic:
+            _check_not_in_atomic(direct_alias(check_alias(self.using)), self.label)
         lock = self._held = DedicatedLock(self.key, using=self.using, label=self.label)
         try:
             if not lock.acquire(self.wait):
@@ -174,6 +192,14 @@ class GuardedRun:
                 self._handlers = _install_signal_handlers(
                     lock, self._interrupted, self.owns_process
                 )
+            if self.atomic:
+                assert self.run is not None
+                # The body's transaction, on this thread's connection to the ledger's
+                # database, which the body's writes use too. The claim above committed on a
+                # connection of its own; its row is locked here first, until the commit.
+                self._transaction = transaction.atomic(using=lock.using)
+                self._transaction.__enter__()
+                lock_running_row(lock.using, self.run)
         except BaseException as error:
             self._undo(error, "before the job started")
             raise
@@ -191,7 +217,7 @@ class GuardedRun:
         lock, self._held = self._held, None
         assert lock is not None, "end() after a start() that returned False, or twice"
         raising = exc is None and self.on_lost == "raise"
-        problems: list[LockLost] = []
+        problems: list[Exception] = []
         released = False
         try:
             # The watchdog first: while it runs it may still signal, and the run's handler
@@ -206,8 +232,20 @@ class GuardedRun:
                     self._interrupted[0],
                 )
             recorded = False
-            if self.run is not None:
-                error = _failure(exc, "while the job ran") if exc is not None else ""
+            ended = exc  # what ended the run: the body's error, or its commit's
+            if self._transaction is not None:
+                ended = self._commit(exc, lock.using)
+                recorded = ended is None
+                if exc is None and isinstance(ended, Exception):
+                    # The run's writes were rolled back: whatever on_lost says, that must
+                    # not pass silently.
+                    raising = True
+                    problems.append(ended)
+            # A run taken over, or whose lock was lost, at its commit writes nothing: its
+            # row is its successor's to mark abandoned.
+            taken_over = exc is None and type(ended) is LockLost
+            if self.run is not None and not recorded and not taken_over:
+                error = _failure(ended, "while the job ran") if ended is not None else ""
                 try:
                     # After a lost lock the database may be out of reach: bounded then, so
                     # that a silent network can't hold the process (the row is abandoned
@@ -215,10 +253,10 @@ class GuardedRun:
                     timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
                     finish(lock.using, self.run, error=error, timeout=timeout)
                     recorded = True
-                except LockLost as taken_over:
-                    problems.append(taken_over)
+                except LockLost as lost_row:
+                    problems.append(lost_row)
                 except Exception as failure:
-                    if exc is None and not lock.lost:
+                    if ended is None and not lock.lost:
                         raise  # a success that can't be recorded must not pass silently
                     logger.error(
                         "%s: could not record the end of run %s (%s); the next run will "
@@ -282,6 +320,8 @@ class GuardedRun:
         if lock is None:
             return
         try:
+            if self._transaction is not None:
+                self._roll_back(exc)
             lock.stop_watching()
             _restore_signal_handlers(self._handlers)
             self._handlers = {}
@@ -300,6 +340,46 @@ class GuardedRun:
                     )
         finally:
             lock.let_go()
+
+    def _commit(self, exc: BaseException | None, using: str) -> BaseException | None:
+        """End an atomic run's transaction: the body's writes commit with the run's success
+        (fenced), or roll back. What ended the run: ``exc`` (the body's error), the fence's
+        ``LockLost`` or ``SlotAlreadySucceeded``, the commit's error; None if committed."""
+        from advisory_lock.ledger import record_job_run
+        from advisory_lock.ledger import succeed_in_transaction
+
+        run, block = self.run, self._transaction
+        assert run is not None and block is not None
+        if exc is None:
+            try:
+                succeed_in_transaction(using, run)
+            except Exception as failure:
+                exc = failure
+            except BaseException as interrupted:  # KeyboardInterrupt: the run ends here
+                self._roll_back(interrupted)
+                raise
+        if exc is not None:
+            self._roll_back(exc)
+            return exc
+        self._transaction = None
+        try:
+            block.__exit__(None, None, None)
+        except Exception as failure:  # Atomic rolled back what the commit could not commit
+            return failure
+        run.refresh_from_db(using=using)
+        record_job_run(run.status, run.job_name, using, run)
+        return None
+
+    def _roll_back(self, exc: BaseException) -> None:
+        """Roll back an atomic run's transaction, which ``exc`` ended. Errors are logged, not
+        raised: ``exc`` is what propagates (a rollback that fails closes the connection, and
+        a transaction is never committed without its COMMIT)."""
+        block, self._transaction = self._transaction, None
+        assert block is not None
+        try:
+            block.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as failure:
+            logger.error("%s: could not roll back the run's transaction (%s)", self.label, failure)
 
     def _overlapped(self, lock: DedicatedLock) -> bool:
         """Did a run of the job (of any slot) start before this one ended? Its lock, lost,
@@ -331,6 +411,18 @@ class GuardedRun:
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         return lost
+
+
+def _check_not_in_atomic(using: str, label: str) -> None:
+    """An atomic run commits its success when its body ends: it can't run inside an atomic
+    block on the ledger's database, whose commit (or rollback) comes later."""
+    if connections[using].in_atomic_block:
+        raise TransactionManagementError(
+            f"{label}: atomic=True runs the job in a transaction of its own on database "
+            f"{using!r} and commits the run's success with its writes, so it can't run "
+            f"inside an atomic block there: that block could still roll the success back. "
+            f"Run it outside the atomic block."
+        )
 
 
 def _failure(exc: BaseException, when: str) -> str:

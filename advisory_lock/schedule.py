@@ -35,6 +35,7 @@ OPTIONS = (
     "retries",
     "timeout",
     "grace",
+    "atomic",
 )
 CATCH_UP = ("latest", "all", "none")
 #: The most retries of a slot: its attempts (1 + retries) are counted in a 32-bit column.
@@ -58,6 +59,8 @@ class Entry:
     retries: int = 1
     timeout: float | None = None
     grace: float | None = None
+    #: The job runs in a transaction on the ledger's database that commits its success.
+    atomic: bool = False
 
     @property
     def interval(self) -> float:
@@ -138,6 +141,7 @@ def _entry(name: str, options: dict[str, Any]) -> Entry:
         retries=options.get("retries", 1),
         timeout=options.get("timeout"),
         grace=options.get("grace"),
+        atomic=options.get("atomic", False),
     )
 
 
@@ -215,6 +219,8 @@ def entry_problems(name: object, options: object) -> list[str]:
                 )
             except ValueError as error:
                 problems.append(f"{where}: {error}")
+    if not isinstance(options.get("atomic", False), bool):
+        problems.append(f"{where}['atomic'] must be True or False, not {options['atomic']!r}.")
     return problems
 
 

@@ -458,6 +458,7 @@ def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -
         period=lambda _now: slot,
         retry_failed=True,
         max_attempts=1 + entry.retries,  # counted in the ledger: fleet-wide
+        atomic=entry.atomic,
     )
     if not run.start():
         logger.info("%s", run.skipped)

@@ -81,3 +81,18 @@ def _run(seconds: float) -> None:
 
 def _folder() -> Path:
     return Path(os.environ["ADVISORY_LOCK_TEST_JOBS_DIR"])
+
+
+def write_effect() -> None:
+    """Create the Counter named after the running job (the job's write)."""
+    from advisory_lock import JobRun
+    from testproject.example.models import Counter
+
+    row = JobRun.objects.get(pid=os.getpid(), status=JobRun.Status.RUNNING)
+    Counter.objects.create(name=row.job_name)
+
+
+def write_effect_then_fail() -> None:
+    """``write_effect()``, then fail."""
+    write_effect()
+    raise RuntimeError("the scheduled job failed on purpose")

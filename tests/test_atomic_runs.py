@@ -33,6 +33,9 @@ from tests.test_ledger_faults import crash
 from tests.test_ledger_faults import kill_lock
 from tests.test_ledger_faults import wait_until_free
 from tests.test_ledger_faults import waiting_for_a_job_runs_row
+from tests.test_scheduler import JOBS
+from tests.test_scheduler import long_interval
+from tests.test_scheduler import schedulers  # noqa: F401 (a fixture)
 
 RUNNING, SUCCEEDED = JobRun.Status.RUNNING, JobRun.Status.SUCCEEDED
 FAILED, ABANDONED = JobRun.Status.FAILED, JobRun.Status.ABANDONED
@@ -311,3 +314,30 @@ def test_several_processes_run_atomic_jobs_at_once_on_sqlite_without_database_is
 
     assert effects.count() == 4 * jobs
     assert ledger.filter(status=SUCCEEDED).count() == 4 * jobs
+
+
+# 4. A schedule entry's "atomic": True.
+
+
+def test_an_atomic_schedule_entry_commits_its_writes_with_its_success(
+    ledger,
+    effects,
+    using,
+    schedulers,  # noqa: F811 (the fixture)
+):
+    every = long_interval(using)
+    schedule = {
+        "kept": {"callable": f"{JOBS}.write_effect", "every": every, "atomic": True},
+        "undone": {
+            "callable": f"{JOBS}.write_effect_then_fail",
+            "every": every,
+            "retries": 0,
+            "atomic": True,
+        },
+    }
+    status, out, err = schedulers.once(schedule)
+
+    assert status == 1 and "a scheduled run failed" in err, out + err
+    assert dict(ledger.values_list("job_name", "status")) == {"kept": SUCCEEDED, "undone": FAILED}
+    assert "RuntimeError" in ledger.get(job_name="undone").error
+    assert list(effects.values_list("name", flat=True)) == ["kept"]

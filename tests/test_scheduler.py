@@ -534,6 +534,7 @@ BAD_ENTRIES = {
     "unknown command": {"command": "no_such_command", "every": 60},
     "callable not importable": {"callable": f"{JOBS}.no_such_job", "every": 60},
     "unknown key": {"callable": f"{JOBS}.tick", "every": 60, "cacth_up": "all"},
+    "atomic not a bool": {"callable": f"{JOBS}.tick", "every": 60, "atomic": "yes"},
 }
 
 

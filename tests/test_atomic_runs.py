@@ -9,6 +9,7 @@ that they wrote (tests/ledger_child.py); lost locks are connections killed by th
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -149,6 +150,13 @@ def test_atomic_is_refused_without_a_ledger_and_in_async_code():
         @single_instance(ledger="once", atomic=True)
         async def task():
             pass
+
+    async def block():
+        async with run_once("async-block", period="once", atomic=True):
+            pytest.fail("the body ran")
+
+    with pytest.raises(TypeError, match="sync code"):
+        asyncio.run(block())
 
 
 def test_an_atomic_single_instance_function_commits_with_its_success(ledger, effects, using):

@@ -22,6 +22,7 @@ from django.db.transaction import TransactionManagementError
 
 from advisory_lock import JobRun
 from advisory_lock import LockLost
+from advisory_lock import ledger as ledger_module
 from advisory_lock import run_once
 from advisory_lock import single_instance
 from testproject.example.models import Counter
@@ -258,7 +259,34 @@ def test_a_run_whose_lock_is_lost_and_taken_over_rolls_back_and_raises_lock_lost
     assert "error" not in taken, taken
     assert committed(using, "lost") == (False, RUNNING)  # the taker's attempt 2
     assert attempts(ledger, "lost") == [(1, ABANDONED), (2, RUNNING)]
+    assert ledger.get(job_name="lost", attempt=1).finished_at is None  # it wrote nothing
     ledger.finish(taken["run"])
+
+
+def test_a_run_taken_over_before_its_body_starts_raises_lock_lost_and_never_runs(
+    ledger, effects, using, monkeypatch
+):
+    lock_running_row = ledger_module.lock_running_row
+
+    def taken_over_first(alias, run):
+        # Between the claim and the body's first statement, an operator forces the run's
+        # row abandoned (job_runs --mark-abandoned --force) from another connection.
+        in_other_connection(
+            lambda: JobRun.objects.using(using).filter(pk=run.pk).update(status=ABANDONED)
+        )
+        lock_running_row(alias, run)
+
+    monkeypatch.setattr(ledger_module, "lock_running_row", taken_over_first)
+    with (
+        pytest.raises(LockLost, match="took it over"),
+        run_once("early", period="once", using=using, atomic=True),
+    ):
+        pytest.fail("the body ran")
+
+    assert attempts(ledger, "early") == [(1, ABANDONED)]
+    assert ledger.get(job_name="early").finished_at is None  # nothing written on it
+    assert not connections[using].in_atomic_block
+    assert is_free("job:early", using)
 
 
 def row_waits(using):

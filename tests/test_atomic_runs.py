@@ -25,6 +25,7 @@ from advisory_lock import LockLost
 from advisory_lock import ledger as ledger_module
 from advisory_lock import run_once
 from advisory_lock import single_instance
+from advisory_lock.testing import isolated_ledger
 from testproject.example.models import Counter
 from tests.probes import in_other_connection
 from tests.probes import is_free
@@ -135,6 +136,20 @@ def test_inside_an_outer_atomic_block_nothing_is_claimed_locked_or_run(ledger, u
             pytest.fail("the body ran")
         assert is_free("job:nested", using)
     assert not ledger.filter(job_name="nested").exists()
+
+
+def test_in_a_test_with_an_isolated_ledger_an_atomic_run_nests_in_the_tests_transaction(
+    ledger, effects, using
+):
+    with isolated_ledger, transaction.atomic(using=using):  # a TestCase's transaction
+        with run_once("kit", period="once", using=using, atomic=True) as run:
+            effects.create(name="kit")
+        assert run.status == SUCCEEDED
+        assert ledger.get(job_name="kit").status == SUCCEEDED and effects.filter(name="kit")
+        transaction.set_rollback(True, using=using)  # the test ends
+
+    assert not ledger.exists() and not effects.exists()
+    assert is_free("job:kit", using)
 
 
 def test_atomic_is_refused_without_a_ledger_and_in_async_code():

@@ -35,6 +35,7 @@ from django.db import transaction
 from django.db.transaction import TransactionManagementError
 
 from advisory_lock.async_locks import _Hop
+from advisory_lock.conf import get_setting
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
@@ -415,7 +416,12 @@ class GuardedRun:
 
 def _check_not_in_atomic(using: str, label: str) -> None:
     """An atomic run commits its success when its body ends: it can't run inside an atomic
-    block on the ledger's database, whose commit (or rollback) comes later."""
+    block on the ledger's database, whose commit (or rollback) comes later. Except in tests
+    whose ledger writes in the test's transaction (``LEDGER_IN_CALLERS_TRANSACTION``, the
+    testing kit's ``isolated_ledger``): there the run is a savepoint of it, its writes and
+    its success released together, and rolled back with the test's."""
+    if get_setting("LEDGER_IN_CALLERS_TRANSACTION"):
+        return
     if connections[using].in_atomic_block:
         raise TransactionManagementError(
             f"{label}: atomic=True runs the job in a transaction of its own on database "

@@ -17,6 +17,9 @@ update): a run whose row was taken over meanwhile raises ``LockLost`` and writes
 
 Every write runs on a connection of its own, in autocommit, so that it commits at once
 whatever transaction the caller is in; locks are taken through the alias's DIRECT_ALIAS.
+Except an atomic run's (``atomic=True``): ``lock_running_row()`` and
+``succeed_in_transaction()`` write in the caller's transaction, the one of the job's own
+writes, so that its success commits with them or not at all.
 ``run_once`` (``advisory_lock.once``) and single-instance runs (``GuardedRun``) use them.
 """
 

@@ -81,11 +81,14 @@ class GuardedRun:
 
     ``start()`` takes the lock on a dedicated connection (waiting at most ``wait`` seconds),
     claims the ledger's slot when there is a ``period``, starts the watchdog and, in the main
-    thread, the signal handlers. ``end(exc)`` runs after the body, in this order: the
-    watchdog stops (so a loss can no longer be signalled), the handlers are restored, the
-    end is recorded in the ledger (fenced), the lock is released. Whatever interrupts either
-    of them, or ``start()`` before it returns, lets go of all that was taken (see
-    ``_undo()``). ``astart()`` and ``aend()`` are the same in async code, safe to cancel.
+    thread, the signal handlers; with ``atomic``, it then opens the body's transaction on the
+    ledger's database and locks the run's row in it (``lock_running_row``), and ``end()``
+    writes the success in that transaction before it commits (``_commit``). ``end(exc)``
+    runs after the body, in this order: the watchdog stops (so a loss can no longer be
+    signalled), the handlers are restored, the end is recorded in the ledger (fenced), the
+    lock is released. Whatever interrupts either of them, or ``start()`` before it returns,
+    lets go of all that was taken (see ``_undo()``). ``astart()`` and ``aend()`` are the
+    same in async code, safe to cancel.
 
     A lost lock, with ``on_lost="raise"``, raises ``LockLost``: at once in the main thread (the
     watchdog interrupts it with SIGINT, which the run's handler turns into ``LockLost``); at

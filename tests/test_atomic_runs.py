@@ -22,6 +22,7 @@ from django.db.transaction import TransactionManagementError
 
 from advisory_lock import JobRun
 from advisory_lock import LockLost
+from advisory_lock import SlotAlreadySucceeded
 from advisory_lock import ledger as ledger_module
 from advisory_lock import run_once
 from advisory_lock import single_instance
@@ -318,6 +319,31 @@ def row_waits(using):
             connections[using] = current
     finally:
         observer.close()
+
+
+# PostgreSQL only: on MariaDB the hand-written UPDATE waits for the run's transaction to end
+# (its unique check meets the run's locked row), so it can't come in the middle of the run.
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_a_success_written_by_hand_meanwhile_rolls_the_run_back_and_records_it_failed(
+    ledger, effects, using
+):
+    with pytest.raises(RuntimeError), run_once("by-hand", period="once", using=using):
+        raise RuntimeError("attempt 1 fails")
+
+    with (
+        pytest.raises(SlotAlreadySucceeded, match="rolled back"),
+        run_once("by-hand", period="once", using=using, atomic=True) as run,
+    ):
+        assert run.attempt == 2
+        effects.create(name="by-hand")
+        # Meanwhile, by hand, on another connection: attempt 1 is the slot's success.
+        in_other_connection(
+            lambda: ledger.filter(job_name="by-hand", attempt=1).update(status=SUCCEEDED)
+        )
+
+    assert attempts(ledger, "by-hand") == [(1, SUCCEEDED), (2, FAILED)]
+    assert "rolled back" in ledger.get(job_name="by-hand", attempt=2).error
+    assert not effects.filter(name="by-hand").exists()
 
 
 # 3. Crashes and concurrency, with real processes.

@@ -44,6 +44,7 @@ from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.periods import Period
 from advisory_lock.validation import check_alias
+from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_seconds
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ class GuardedRun:
         owns_process: bool = False,
         atomic: bool = False,
     ) -> None:
-        if atomic and period is None:
+        if check_flag("atomic", atomic) and period is None:
             raise ValueError(
                 f"{label}: atomic=True commits the run's success in the ledger together with "
                 f"its writes: it needs a ledger period."

@@ -266,8 +266,14 @@ def check_pair(python_version: str, django: str, wheel: Path, venvs: Path) -> No
     print(f"matrix {tag}: Python {versions[0]}, Django {versions[1]}", flush=True)
     with tempfile.TemporaryDirectory(prefix="advisory-lock-matrix-") as folder:
         smoke_project(python, Path(folder), tag)
-    # The checkout's tests on this interpreter (tests/settings.py makes their databases).
-    run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE_TESTS], cwd=ROOT)
+    # The checkout's tests and code on this interpreter and Django (the wheel was tested
+    # above): PYTHONPATH puts the checkout first for pytest and for the processes it starts.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE_TESTS],
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from advisory_lock import single_instance
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
+from tests.commands import HANG
 from tests.commands import finish
 from tests.commands import start
 from tests.commands import wait_for_line
@@ -115,14 +116,13 @@ def test_lock_wait_runs_after_the_holder_finishes_and_a_short_wait_skips(using, 
     try:
         wait_for_line(holder, "running")
         assert finish(start(using, "decorated_job", "--lock-wait", "0.2"))[0] == BUSY
-        patient = start(using, "decorated_job", "--lock-wait", "60")
+        patient = start(using, "decorated_job", "--lock-wait", "600")
         if using != "default":  # SQLite's bounded wait polls: no waiter to see
-            for _ in range(3000):  # a bound only against a patient that never waits
-                if someone_waits_for(KEY, using):
-                    break
+            deadline = time.monotonic() + HANG  # a guard against a patient that never waits
+            while not someone_waits_for(KEY, using):
+                if time.monotonic() > deadline:
+                    pytest.fail("the patient instance never showed up waiting")
                 time.sleep(0.01)
-            else:
-                pytest.fail("the patient instance never showed up waiting")
         assert patient.poll() is None
     finally:
         done.touch()

@@ -115,12 +115,11 @@ def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
         waiter = workers.start("--using", using, "hold", key)
         # Until the waiter is seen waiting: the database's view, or the kernel's for SQLite.
         inspector = inspector_for(connections[using])
-        for _ in range(3000):  # a bound only against a waiter that never comes
-            if any(not row.granted for row in inspector.list_locks({}).rows):
-                break
+        deadline = time.monotonic() + DEFAULT_TIMEOUT  # a guard against a waiter that never comes
+        while not any(not row.granted for row in inspector.list_locks({}).rows):
+            if time.monotonic() > deadline:
+                pytest.fail("the waiter never showed up waiting")
             time.sleep(0.01)
-        else:
-            pytest.fail("the waiter never showed up waiting")
         os.kill(waiter.proc.pid, signal.SIGINT)
         status = waiter.proc.wait(DEFAULT_TIMEOUT)  # a guard against a hang, not a timing
         assert status != 0 and "KeyboardInterrupt" in waiter.stderr()

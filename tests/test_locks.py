@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from advisory_lock import LockLost
 from advisory_lock import LockNotAcquired
 from advisory_lock import advisory_lock
+from tests.commands import HANG
 from tests.probes import in_other_connection
 from tests.probes import is_free
 
@@ -32,11 +33,14 @@ def hold_in_other_connection(key, using, ready, done, until_waiting=False, **opt
 
     with advisory_lock(key, using=using, **options) as handle:
         ready.set()
+        # Bounds only against a test that never lets go or never waits (a hang guard, long
+        # enough for a loaded machine to start a waiter process).
         if not until_waiting:
-            done.wait(30)
+            done.wait(HANG)
             return
         inspector = inspector_for(connections[using])
-        for _ in range(3000):  # a bound only against a test that never waits
+        deadline = time.monotonic() + HANG
+        while time.monotonic() < deadline:
             listing = inspector.list_locks({handle.db_key: key})
             if any(row.db_key == handle.db_key and not row.granted for row in listing.rows):
                 return

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -148,6 +149,11 @@ def count(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even when the test run was started in
+    # the background: a shell without job control starts background commands with SIGINT
+    # ignored (POSIX), the processes they start inherit that, and Python installs its own
+    # handler only where SIGINT was not ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="python -m tests.worker")
     parser.add_argument("--using", required=True, help="the database alias")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -198,14 +198,7 @@ def once_per_day(manage: list[str], folder: Path, env: dict[str, str], vendor: s
         assert first.stdout is not None and first.stdin is not None
         # The first instance holds the lock once it has printed "working".
         assert first.stdout.readline().strip() == "working"
-        second = subprocess.run(
-            [*manage, "nightly_report", str(marker)],
-            cwd=folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
+        second = command(manage, folder, env, "nightly_report", str(marker))
         expect(second.returncode == 0 and "another instance holds" in second.stderr, second)
         first.stdin.write("go\n")
         first.stdin.close()
@@ -214,19 +207,24 @@ def once_per_day(manage: list[str], folder: Path, env: dict[str, str], vendor: s
     finally:
         first.kill()
         first.wait()
-    third = subprocess.run(
-        [*manage, "nightly_report", str(marker)],
+    third = command(manage, folder, env, "nightly_report", str(marker))
+    expect(third.returncode == 0 and "already done" in third.stderr, third)
+    listing = command(manage, folder, env, "job_runs")
+    expect(listing.returncode == 0 and listing.stdout.count("succeeded") == 1, listing)
+
+
+def command(
+    manage: list[str], folder: Path, env: dict[str, str], *argv: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py *argv`` to its end, with no input."""
+    return subprocess.run(
+        [*manage, *argv],
         cwd=folder,
         env=env,
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
     )
-    expect(third.returncode == 0 and "already done" in third.stderr, third)
-    listing = subprocess.run(
-        [*manage, "job_runs"], cwd=folder, env=env, capture_output=True, text=True
-    )
-    expect(listing.returncode == 0 and listing.stdout.count("succeeded") == 1, listing)
 
 
 def expect(condition: bool, process: object) -> None:

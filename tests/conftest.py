@@ -38,6 +38,17 @@ def using(request, django_db_setup, django_db_blocker):
         connections[alias].close()
 
 
+@pytest.fixture
+def ledger(using):
+    """The JobRun rows of ``using``, emptied after the test (test files that need other rows
+    define a ``ledger`` of their own)."""
+    from advisory_lock import JobRun
+
+    rows = JobRun.objects.using(using)
+    yield rows
+    rows.all().delete()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Remove the run's folder (SQLite files, lock files) if this process made it."""
     if os.environ.get("ADVISORY_LOCK_TEST_DIR_OWNER") == str(os.getpid()):

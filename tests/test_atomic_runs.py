@@ -46,14 +46,6 @@ FAILED, ABANDONED = JobRun.Status.FAILED, JobRun.Status.ABANDONED
 
 
 @pytest.fixture
-def ledger(using):
-    """The JobRun rows of ``using``, emptied after the test."""
-    rows = JobRun.objects.using(using)
-    yield rows
-    rows.all().delete()
-
-
-@pytest.fixture
 def effects(using):
     """The Counter rows of ``using`` (the jobs' writes), emptied after the test."""
     rows = Counter.objects.using(using)

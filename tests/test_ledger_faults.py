@@ -49,14 +49,6 @@ FAILED, ABANDONED = JobRun.Status.FAILED, JobRun.Status.ABANDONED
 
 
 @pytest.fixture
-def ledger(using):
-    """The JobRun rows of ``using``, emptied after the test."""
-    rows = JobRun.objects.using(using)
-    yield rows
-    rows.all().delete()
-
-
-@pytest.fixture
 def claim(ledger):
     """``ledger.claim(job_name, period="once")``; a run the test leaves unfinished (it failed
     half-way) is finished at the end, so that its lock's connection does not outlive it."""

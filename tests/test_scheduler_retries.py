@@ -50,14 +50,6 @@ class SchedulerChild(Worker):
 
 
 @pytest.fixture
-def ledger(using):
-    """The JobRun rows of ``using``, emptied after the test."""
-    rows = JobRun.objects.using(using)
-    yield rows
-    rows.all().delete()
-
-
-@pytest.fixture
 def fleet(using):
     """FLEET scheduler processes on ``using``, each ready; all killed after the test."""
     workers = Workers()

@@ -21,9 +21,9 @@ from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
 from advisory_lock.conf import get_setting
+from advisory_lock.expectations import job_problems
 from advisory_lock.keys import make_key
 from advisory_lock.metrics import metrics_problem
-from advisory_lock.overdue import job_problems
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import entry_problems

@@ -1,10 +1,14 @@
-"""The app's models, where Django looks for them: ``JobRun``, the ``job_runs`` table.
+"""The app's models, where Django looks for them.
 
-It is defined in ``advisory_lock.ledger`` with the operations on its rows (claims, fenced
-ends, abandoned runs), which its queryset and its methods call: one concept, one module.
+Each is defined in the module of its concept, with the operations on its rows: ``JobRun``
+(the ``job_runs`` ledger) in ``advisory_lock.ledger``, ``JobControl`` (operators' pause,
+resume and run-now requests, ``job_controls``) in ``advisory_lock.control``, and
+``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.liveness``.
 """
 
+from advisory_lock.control import JobControl
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import JobRunQuerySet
+from advisory_lock.liveness import SchedulerHeartbeat
 
-__all__ = ["JobRun", "JobRunQuerySet"]
+__all__ = ["JobControl", "JobRun", "JobRunQuerySet", "SchedulerHeartbeat"]

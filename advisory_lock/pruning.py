@@ -38,7 +38,7 @@ from django.db.models import Min
 from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
-from advisory_lock.overdue import declared_jobs
+from advisory_lock.expectations import declared_jobs
 from advisory_lock.overdue import last_success
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import slot

@@ -15,6 +15,13 @@ less than one interval ago (cron: 60 s). A new entry's first run is its most rec
 A failed or abandoned slot is run again, ``retries`` more times, while it is still the most
 recent due slot.
 
+Operators' requests (``advisory_lock.control``): a paused entry starts no slot, and a slot
+that fell due while it was paused never runs (it is ``paused``, not missed). Every
+``POLL_INTERVAL`` (1 s) a scheduler records its heartbeat (``advisory_lock.liveness``) and
+starts the pending run-now requests of its entries, each as a slot of its own
+(``manual:<time>``) whose job process waits for the entry's lock: a run of the entry going on
+elsewhere finishes first, and the ledger's claim lets one scheduler's process run it.
+
 A database outage (the server down, restarting, out of reach) stops no scheduler: a pass that
 can't reach the database logs one WARNING, closes the connections, and is tried again after
 0.2 s, then after twice the last wait, at most ``RETRY_CAP`` seconds apart; once a pass gets
@@ -45,8 +52,17 @@ from django.db import utils
 
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
+from advisory_lock.control import REQUEST_EXPIRES
+from advisory_lock.control import is_paused
+from advisory_lock.control import pauses
+from advisory_lock.control import pending_requests
+from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import deciding_attempt
-from advisory_lock.models import JobRun
+from advisory_lock.ledger import fail_orphaned
+from advisory_lock.ledger import is_orphaned
+from advisory_lock.ledger import mark_abandoned
+from advisory_lock.liveness import POLL_INTERVAL
+from advisory_lock.liveness import Heartbeat
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 
@@ -100,6 +116,7 @@ class Scheduler:
         # wait before the next try.
         self._outage_since: float | None = None
         self._retry_in = 0.0
+        self.heartbeat = Heartbeat(using)
 
     # Running.
 
@@ -110,12 +127,16 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
-        next_sweep = 0.0
+        next_sweep = next_poll = 0.0
         try:
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
                 try:
                     self.reap()
+                    if time.monotonic() >= next_poll:
+                        self.heartbeat.beat()
+                        self.start_requested()
+                        next_poll = time.monotonic() + POLL_INTERVAL
                     if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
@@ -123,7 +144,7 @@ class Scheduler:
                 except Exception as error:
                     if not is_outage(error):
                         raise
-                    next_sweep = 0.0  # once the database is back: the outage may have cut runs
+                    next_sweep = next_poll = 0.0  # once the database is back (runs were cut)
                     self._wait(self._outage(error))
                     continue
                 if self._outage_since is not None:
@@ -149,11 +170,11 @@ class Scheduler:
         """Mark abandoned the running rows of the schedule's jobs whose lock is free: their
         scheduler died with them, maybe on a slot no scheduler looks at any more. A running
         child of ours holds its entry's lock from before its row exists until after its row
-        is no longer ``running``, so its row is never taken for an orphan."""
-        from advisory_lock.ledger import mark_abandoned
-
+        is no longer ``running``, so its row is never taken for an orphan. Deletes the
+        heartbeat rows of schedulers gone for a week, too."""
         for name in self.entries:
             mark_abandoned(self.using, job_name=name)
+        self.heartbeat.forget_the_dead()
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -209,6 +230,15 @@ class Scheduler:
             if slots:
                 self.start(entry, slots[0])
 
+    def start_requested(self) -> None:
+        """Start the pending run-now requests of the entries that have no run going here."""
+        idle = [name for name in self.entries if name not in self.children]
+        if not idle:
+            return
+        for request in pending_requests(self.using, idle, self.now()):
+            if request.job_name not in self.children:
+                self.start(self.entries[request.job_name], request.slot, manual=True)
+
     def now(self) -> datetime.datetime:
         """The database server's clock."""
         return inspector_for(connections[self.using]).database_now()
@@ -227,11 +257,22 @@ class Scheduler:
         else:
             candidates = [latest]
         latest_name = entry.slot_name(latest)
-        return [
-            name
-            for name in (entry.slot_name(slot) for slot in candidates)
+        wanted = [
+            (name, slot)
+            for name, slot in ((entry.slot_name(slot), slot) for slot in candidates)
             if self._wants_run(entry, name, latest=name == latest_name)
         ]
+        if not wanted:
+            return []
+        # A slot that fell due while the entry was paused never runs, even after the resume.
+        spans = pauses(self.using, entry.name, min(slot for _, slot in wanted))
+        slots = []
+        for name, slot in wanted:
+            if any(span.covers(slot) for span in spans):
+                self._settled.add((entry.name, name))
+            else:
+                slots.append(name)
+        return slots
 
     def _missed(self, entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:
         """The slots up to ``latest`` that have no run, oldest first: at most MAX_CATCH_UP,
@@ -264,8 +305,6 @@ class Scheduler:
         if last.status == Status.RUNNING:
             # Running elsewhere, unless its lock is free (its owner died): then a child's
             # claim marks it abandoned and runs the slot again.
-            from advisory_lock.ledger import is_orphaned
-
             return latest and last.attempt <= entry.retries and is_orphaned(self.using, last, None)
         if latest and last.attempt <= entry.retries:
             return True  # failed or abandoned: run it again while it is the latest
@@ -274,15 +313,18 @@ class Scheduler:
 
     # Children.
 
-    def start(self, entry: Entry, slot: str) -> None:
-        """Run ``entry``'s ``slot`` in a child process."""
+    def start(self, entry: Entry, slot: str, *, manual: bool = False) -> None:
+        """Run ``entry``'s ``slot`` in a child process. A ``manual`` (run-now) slot's process
+        waits for the entry's lock, and makes one attempt."""
         # The child must not share this process's database sockets: close them first (they
         # reopen on use), and keep this process free of threads while it forks.
         connections.close_all()
         read_end, write_end = os.pipe()
         context = multiprocessing.get_context("fork")
         process = context.Process(
-            target=_child, args=(entry, slot, self.using, read_end, write_end), name=entry.name
+            target=_child,
+            args=(entry, slot, self.using, read_end, write_end, manual),
+            name=entry.name,
         )
         process.start()
         os.close(read_end)
@@ -332,8 +374,6 @@ class Scheduler:
     def _record_deaths(self) -> None:
         """Record failed the runs whose process died, with how (the scheduler knows). A
         death the database can't record yet (an outage) stays for the next pass."""
-        from advisory_lock.ledger import fail_orphaned
-
         while self._deaths:
             child, how = self._deaths[0]
             marked = fail_orphaned(self.using, child.entry.name, child.slot, f"The run {how}.")
@@ -384,6 +424,7 @@ class Scheduler:
                     "schedule": entry.cron if entry.cron else f"every {entry.every:g}s",
                     "next_run": entry.next_slot(now).isoformat(),
                     "next_slot": entry.slot_name(entry.next_slot(now)),
+                    "paused": is_paused(self.using, name),
                     "last_slot": last.period if last else None,
                     "last_status": last.status if last else None,
                     "last_started": last.started_at.isoformat() if last else None,
@@ -432,7 +473,9 @@ def _says_outage(error: BaseException) -> bool | None:
     return driver_error_is_outage(error)
 
 
-def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -> None:
+def _child(
+    entry: Entry, slot: str, using: str, read_end: int, write_end: int, manual: bool
+) -> None:
     """The job process: dies with its scheduler; takes the entry's lock, claims the slot, runs
     the job, records its end; exits 0 (succeeded), 1 (failed) or SKIPPED."""
     from advisory_lock.single_instance import GuardedRun
@@ -456,8 +499,11 @@ def _child(entry: Entry, slot: str, using: str, read_end: int, write_end: int) -
         using=using,
         label=entry.name,
         period=lambda _now: slot,
-        retry_failed=True,
-        max_attempts=1 + entry.retries,  # counted in the ledger: fleet-wide
+        # A run-now slot waits for a run of the entry going on elsewhere (its request is
+        # pending until its slot has an attempt, an hour at most), and is attempted once.
+        wait=REQUEST_EXPIRES.total_seconds() if manual else 0,
+        retry_failed=not manual,
+        max_attempts=1 if manual else 1 + entry.retries,  # counted in the ledger: fleet-wide
         atomic=entry.atomic,
     )
     if not run.start():

@@ -25,7 +25,7 @@ from django.db import connections
 from django.test import override_settings
 
 from advisory_lock import JobRun
-from advisory_lock import overdue
+from advisory_lock import expectations
 from advisory_lock import signals
 from advisory_lock import single_instance
 from advisory_lock.backends import inspector_for
@@ -142,7 +142,7 @@ def test_hourly_slots_in_paris_count_the_repeated_hour_twice_and_the_skipped_one
     moment, slot, ended_at
 ):
     with lock_settings(LEDGER_TIME_ZONE=PARIS):
-        assert overdue.last_ended_slot("hourly", at(moment)) == (slot, at(ended_at))
+        assert expectations.last_ended_slot("hourly", at(moment)) == (slot, at(ended_at))
 
 
 @pytest.mark.parametrize(
@@ -156,29 +156,31 @@ def test_hourly_slots_in_paris_count_the_repeated_hour_twice_and_the_skipped_one
 )
 def test_hourly_slots_in_new_york_name_the_second_01_hour_with_its_offset(moment, slot, ended_at):
     with lock_settings(LEDGER_TIME_ZONE=NEW_YORK):
-        assert overdue.last_ended_slot("hourly", at(moment)) == (slot, at(ended_at))
+        assert expectations.last_ended_slot("hourly", at(moment)) == (slot, at(ended_at))
 
 
 def test_a_day_ends_at_the_ledgers_midnight_not_utcs():
     before_midnight, after_midnight = at("2026-11-28T22:30+00:00"), at("2026-11-28T23:30+00:00")
     with lock_settings(LEDGER_TIME_ZONE=PARIS):  # 23:30 and 00:30 in Paris
-        assert overdue.last_ended_slot("daily", before_midnight) == (
+        assert expectations.last_ended_slot("daily", before_midnight) == (
             "2026-11-27",
             at("2026-11-27T23:00+00:00"),
         )
-        assert overdue.last_ended_slot("daily", after_midnight) == (
+        assert expectations.last_ended_slot("daily", after_midnight) == (
             "2026-11-28",
             at("2026-11-28T23:00+00:00"),
         )
     with lock_settings(LEDGER_TIME_ZONE="UTC"):
-        assert overdue.last_ended_slot("daily", after_midnight)[0] == "2026-11-27"
+        assert expectations.last_ended_slot("daily", after_midnight)[0] == "2026-11-27"
 
 
 def test_the_day_dst_ends_is_25_hours_long():
     with lock_settings(LEDGER_TIME_ZONE=PARIS):
         # 2026-10-25 began at 22:00 UTC (CEST) and ended at 23:00 UTC (CET).
-        assert overdue.last_ended_slot("daily", at("2026-10-25T22:30+00:00"))[0] == "2026-10-24"
-        assert overdue.last_ended_slot("daily", at("2026-10-25T23:30+00:00")) == (
+        assert (
+            expectations.last_ended_slot("daily", at("2026-10-25T22:30+00:00"))[0] == "2026-10-24"
+        )
+        assert expectations.last_ended_slot("daily", at("2026-10-25T23:30+00:00")) == (
             "2026-10-25",
             at("2026-10-25T23:00+00:00"),
         )
@@ -189,16 +191,16 @@ def test_a_week_ends_at_monday_midnight_in_the_ledgers_zone_after_a_dst_change()
         # Week 44 of 2026 holds the end of DST (Sunday 1 November): it ends on Monday
         # 2 November at 00:00 EST, 05:00 UTC; UTC's Monday began five hours earlier.
         sunday_night = at("2026-11-02T04:30+00:00")  # 23:30 EST, Sunday
-        assert overdue.last_ended_slot("weekly", sunday_night) == (
+        assert expectations.last_ended_slot("weekly", sunday_night) == (
             "2026-W43",
             at("2026-10-26T04:00+00:00"),  # Monday 26 October 00:00 EDT
         )
-        assert overdue.last_ended_slot("weekly", at("2026-11-02T05:30+00:00")) == (
+        assert expectations.last_ended_slot("weekly", at("2026-11-02T05:30+00:00")) == (
             "2026-W44",
             at("2026-11-02T05:00+00:00"),
         )
     with lock_settings(LEDGER_TIME_ZONE="UTC"):
-        assert overdue.last_ended_slot("weekly", sunday_night)[0] == "2026-W44"
+        assert expectations.last_ended_slot("weekly", sunday_night)[0] == "2026-W44"
 
 
 @pytest.mark.parametrize(
@@ -216,11 +218,11 @@ def test_a_month_ends_at_the_first_midnight_of_the_next_in_the_ledgers_zone(
     zone, moment, slot, ended_at
 ):
     with lock_settings(LEDGER_TIME_ZONE=zone):
-        assert overdue.last_ended_slot("monthly", at(moment)) == (slot, at(ended_at))
+        assert expectations.last_ended_slot("monthly", at(moment)) == (slot, at(ended_at))
 
 
 def test_the_slot_of_a_once_job_never_ends():
-    job = overdue.Expectation("setup", "once", 0)
+    job = expectations.Expectation("setup", "once", 0)
     assert job.latest_slot(at("2030-01-01T00:00+00:00")) is None
 
 
@@ -313,6 +315,7 @@ def test_report_lists_only_overdue_declared_jobs_with_their_missing_slot(ledger,
             "period": "weekly",
             "missing_slot": "2026-W48",
             "slot_ended_at": "2026-11-30T00:00:00+00:00",
+            "reason": None,  # not a scheduled entry: no scheduler to blame
             "last_success": {
                 "slot": "2026-W47",
                 "finished_at": "2026-01-01T00:00:00+00:00",
@@ -361,7 +364,7 @@ def test_a_command_is_watched_under_the_name_its_ledger_rows_carry(ledger, using
 
 
 def test_a_function_is_watched_under_its_module_and_qualname(ledger, using, monkeypatch):
-    monkeypatch.setattr(overdue, "_declared_in_code", {})  # forgotten after this test
+    monkeypatch.setattr(expectations, "_declared_in_code", {})  # forgotten after this test
 
     @single_instance(ledger="hourly", grace=60, using=using)
     def refresh_rates():

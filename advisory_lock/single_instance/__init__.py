@@ -15,9 +15,9 @@ from typing import cast
 
 from django.core.management.base import BaseCommand
 
+from advisory_lock.expectations import declare
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
-from advisory_lock.overdue import declare
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_period
 from advisory_lock.single_instance.commands import SingleInstanceMixin

@@ -16,9 +16,9 @@ from django.core.management.base import OutputWrapper
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
+from advisory_lock.expectations import Expectation
+from advisory_lock.expectations import declaration_source
 from advisory_lock.keys import Key
-from advisory_lock.overdue import Expectation
-from advisory_lock.overdue import declaration_source
 from advisory_lock.periods import Period
 from advisory_lock.single_instance.guarded import GuardedRun
 from advisory_lock.single_instance.guarded import OnLost

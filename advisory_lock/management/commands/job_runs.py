@@ -1,4 +1,5 @@
-"""``manage.py job_runs``: list recent runs, mark abandoned ones, prune old ones."""
+"""``manage.py job_runs``: list recent runs, a scheduled entry's slot timeline, mark abandoned
+runs, prune old ones, report overdue jobs."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.pruning import prune
+from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.tables import format_table
+from advisory_lock.timeline import MAX_SLOTS
+from advisory_lock.timeline import parse_since
+from advisory_lock.timeline import timeline
 from advisory_lock.validation import database_option
 from advisory_lock.validation import text_option
 from advisory_lock.validation import whole_number_argument
@@ -79,7 +84,25 @@ class Command(BaseCommand):
                 "its grace); exit status 1 if any, 0 if none."
             ),
         )
-        parser.add_argument("--json", action="store_true", help="With --overdue: print JSON.")
+        parser.add_argument(
+            "--timeline",
+            metavar="ENTRY",
+            help=(
+                "Every slot of this ADVISORY_LOCK['SCHEDULE'] entry since --since, with its "
+                f"outcome, attempts, host, start and duration (at most {MAX_SLOTS}, the latest)."
+            ),
+        )
+        parser.add_argument(
+            "--since",
+            metavar="ISO",
+            help=(
+                "With --timeline: from this date or time, ISO 8601 (without an offset: in the "
+                "ledger's time zone). Default: 7 days ago."
+            ),
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="With --overdue or --timeline: print JSON."
+        )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -104,8 +127,12 @@ class Command(BaseCommand):
             pruned = prune(options["database"], datetime.timedelta(days=days))
             self.stdout.write(pruned.describe(days))
             return
+        if options["since"] is not None and not options["timeline"]:
+            raise CommandError("--since goes with --timeline.")
+        if options["timeline"] is not None:
+            return self.timeline(options)
         if options["json"] and not options["overdue"]:
-            raise CommandError("--json goes with --overdue.")
+            raise CommandError("--json goes with --overdue or --timeline.")
         if options["overdue"]:
             return self.overdue(options["database"], as_json=options["json"])
         if (options["force"] or options["period"]) and not options["mark_abandoned"]:
@@ -141,6 +168,43 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("(no runs)")
 
+    def timeline(self, options: dict[str, Any]) -> None:
+        """Each slot of a scheduled entry since --since, and how it went."""
+        name = options["timeline"]
+        text_option("--timeline", name, max_length=MAX_JOB_NAME_LENGTH)
+        try:
+            entry = schedule_entries().get(name)
+        except ValueError as error:
+            raise CommandError(f"{error} (manage.py check lists every problem).") from error
+        if entry is None:
+            raise CommandError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+        since = None
+        if options["since"] is not None:
+            try:
+                since = parse_since(options["since"])
+            except ValueError as error:
+                raise CommandError(f"--since: {error}") from error
+        slots = timeline(entry, options["database"], since)
+        if options["json"]:
+            self.stdout.write(json.dumps([slot.as_dict() for slot in slots], indent=2))
+            return
+        header = ("slot", "outcome", "attempts", "started (UTC)", "duration", "host")
+        rows = [
+            (
+                slot.slot,
+                slot.outcome,
+                str(slot.attempts),
+                f"{slot.started:%Y-%m-%d %H:%M:%S}" if slot.started else "",
+                "" if slot.duration is None else f"{slot.duration:.1f}s",
+                slot.host,
+            )
+            for slot in slots
+        ]
+        for line in format_table(header, rows):
+            self.stdout.write(line)
+        if not rows:
+            self.stdout.write("(no slot in that span)")
+
     def overdue(self, using: str, *, as_json: bool) -> None:
         """Report the overdue jobs; exit with status 1 when there is any (for monitors)."""
         overdue = overdue_jobs(using)
@@ -173,6 +237,8 @@ class Command(BaseCommand):
             ]
             for line in format_table(header, rows):
                 self.stdout.write(line)
+            for reason in sorted({job.reason for job in overdue if job.reason}):
+                self.stdout.write(f"Why: {reason}.")
         if overdue:
             sys.exit(1)
 

@@ -1,16 +1,25 @@
-"""``manage.py run_jobs``: the scheduler of ADVISORY_LOCK["SCHEDULE"], safe on every instance."""
+"""``manage.py run_jobs``: the scheduler of ADVISORY_LOCK["SCHEDULE"], safe on every instance;
+and the operators' controls: pause, resume, run now, the live schedulers, a liveness check."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
+from advisory_lock.control import NoSchedulerAlive
+from advisory_lock.control import command_line_user
+from advisory_lock.control import request_run
+from advisory_lock.control import set_paused
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.ledger import table_checked
+from advisory_lock.liveness import LIVE_WITHIN
+from advisory_lock.liveness import live_schedulers
+from advisory_lock.liveness import no_scheduler_alive
 from advisory_lock.schedule import entries
 from advisory_lock.scheduler import Scheduler
 from advisory_lock.scheduler import is_outage
@@ -34,7 +43,38 @@ class Command(BaseCommand):
         parser.add_argument(
             "--list", action="store_true", help="Show each entry's next run and last run."
         )
-        parser.add_argument("--json", action="store_true", help="With --list: print JSON.")
+        parser.add_argument(
+            "--pause",
+            metavar="ENTRY",
+            help="Pause an entry fleet-wide: no scheduler starts a slot of it until --resume.",
+        )
+        parser.add_argument(
+            "--resume",
+            metavar="ENTRY",
+            help="Resume a paused entry (the slots that fell due while paused don't run).",
+        )
+        parser.add_argument(
+            "--run-now",
+            metavar="ENTRY",
+            help=(
+                "Ask the live schedulers to run an entry once now, in a slot of its own "
+                "(manual:<time>); exit status 1 if no scheduler is alive."
+            ),
+        )
+        parser.add_argument(
+            "--status", action="store_true", help="List the live schedulers (host, pid)."
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help=(
+                f"Exit 0 if a scheduler was seen in the last "
+                f"{LIVE_WITHIN.total_seconds():g}s, else 1 saying since when none is alive."
+            ),
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="With --list or --status: print JSON."
+        )
         parser.add_argument(
             "--stop-grace",
             type=seconds_argument,
@@ -46,12 +86,26 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         options["database"] = database_option("--database", options["database"])
-        if options["json"] and not options["list"]:
-            raise CommandError("--json goes with --list.")
+        controls = [
+            f"--{name.replace('_', '-')}"
+            for name in ("pause", "resume", "run_now", "status", "check", "list", "once")
+            if options[name] not in (None, False)
+        ]
+        if len(controls) > 1:
+            raise CommandError(f"{' and '.join(controls)} don't go together: pick one.")
+        if options["json"] and not (options["list"] or options["status"]):
+            raise CommandError("--json goes with --list or --status.")
         try:
             schedule = entries()
         except ValueError as error:
             raise CommandError(f"{error} (manage.py check lists every problem).") from error
+        if controls and controls[0] not in ("--list", "--once"):
+            try:
+                with table_checked(options["database"]):
+                    self.control(schedule, options)
+            except LedgerNotMigrated as error:
+                raise CommandError(str(error)) from error
+            return
         scheduler = Scheduler(
             schedule,
             using=options["database"],
@@ -63,6 +117,53 @@ class Command(BaseCommand):
                 self.run(scheduler, options)
         except LedgerNotMigrated as error:
             raise CommandError(str(error)) from error
+
+    def control(self, schedule: dict[str, Any], options: dict[str, Any]) -> None:
+        """--pause, --resume, --run-now, --status or --check."""
+        using = options["database"]
+        if options["status"]:
+            live = live_schedulers(using)
+            if options["json"]:
+                self.stdout.write(json.dumps([row.as_dict() for row in live], indent=2))
+                return
+            header = ("host", "pid", "started", "last seen", "version")
+            rows = [
+                (row.host, str(row.pid), row.started_at.isoformat(), row.last_seen.isoformat(),
+                 row.version)
+                for row in live
+            ]  # fmt: skip
+            for line in format_table(header, rows):
+                self.stdout.write(line)
+            if not live:
+                self.stdout.write(f"run_jobs: {no_scheduler_alive(using)}.")
+            return
+        if options["check"]:
+            live = live_schedulers(using)
+            if not live:
+                self.stderr.write(f"run_jobs: {no_scheduler_alive(using)}.")
+                sys.exit(1)
+            self.stdout.write(f"run_jobs: {len(live)} scheduler(s) alive.")
+            return
+        name = options["pause"] or options["resume"] or options["run_now"]
+        if name not in schedule:
+            raise CommandError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+        if options["run_now"]:
+            try:
+                request = request_run(using, name, command_line_user())
+            except NoSchedulerAlive as error:
+                raise CommandError(str(error), returncode=1) from error
+            self.stdout.write(
+                f"run_jobs: {name} requested as slot {request.slot}; a live scheduler starts "
+                f"it within 2s (after a run of {name} going on now)."
+            )
+            return
+        pausing = bool(options["pause"])
+        changed = set_paused(using, name, pausing, command_line_user())
+        state = "paused" if pausing else "resumed"
+        if changed is None:
+            self.stdout.write(f"run_jobs: {name} was already {state}: nothing changed.")
+        else:
+            self.stdout.write(f"run_jobs: {name} {state} (fleet-wide).")
 
     def run(self, scheduler: Scheduler, options: dict[str, Any]) -> None:
         """Run the scheduler as the options ask: for ever, once, or list."""
@@ -92,10 +193,13 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(rows, indent=2))
             return
-        header = ("entry", "schedule", "next run", "last slot", "last status", "last started")
+        header = (
+            "entry", "state", "schedule", "next run", "last slot", "last status", "last started"
+        )  # fmt: skip
         table = [
             (
                 row["name"],
+                "paused" if row["paused"] else "active",
                 row["schedule"],
                 row["next_run"],
                 row["last_slot"],

@@ -1,0 +1,207 @@
+"""Operators' requests to the scheduled jobs: pause, resume, run now (``job_controls``).
+
+Each request is a row, kept: the table is the entries' history as well as their state, on the
+ledger's database, so that it holds fleet-wide and across restarts. Every time is the database
+server's, as in the ledger.
+
+- **Pause / resume.** An entry is paused when its latest pause or resume row is a pause.
+  Schedulers start no slot of a paused entry, and none that *fell due* while it was paused,
+  even after the resume: those slots are ``paused``, not missed (``fell_due_while_paused``).
+  A run already going when the pause comes finishes.
+- **Run now.** A row naming a slot of its own, ``manual:<the request's time>`` (to the second,
+  in the ledger's time zone: two clicks in one second ask for one run). The request is
+  pending while the ledger has no attempt at that slot; every live scheduler sees it at its
+  next poll and starts a job process for it, whose claim lets one of them in (as for any
+  slot). A request is refused when no scheduler is alive (``advisory_lock.liveness``):
+  nobody would run it, and a scheduler started days later should not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import connections
+from django.db import models
+from django.db.models import Exists
+from django.db.models import OuterRef
+
+from advisory_lock.backends import inspector_for
+from advisory_lock.exceptions import AdvisoryLockError
+from advisory_lock.ledger import JobRun
+from advisory_lock.liveness import live_schedulers
+from advisory_lock.liveness import no_scheduler_alive
+from advisory_lock.periods import ledger_time_zone
+
+#: A run-now slot's name starts with this.
+MANUAL = "manual:"
+#: A run-now request older than this is not run any more (its requester has long given up).
+REQUEST_EXPIRES = datetime.timedelta(hours=1)
+
+
+class NoSchedulerAlive(AdvisoryLockError):
+    """A run-now request was refused: no ``run_jobs`` is alive to run it."""
+
+
+class JobControl(models.Model):
+    """One operator's request about a scheduled entry: pause, resume or run now."""
+
+    class Action(models.TextChoices):
+        PAUSE = "pause", "pause"
+        RESUME = "resume", "resume"
+        RUN_NOW = "run_now", "run now"
+
+    job_name = models.CharField(max_length=200, help_text="The SCHEDULE entry's name.")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    requested_at = models.DateTimeField(help_text="By the database server's clock.")
+    requested_by = models.CharField(max_length=255, blank=True)
+    slot = models.CharField(
+        max_length=64, blank=True, help_text="Run now: the ledger slot of the run."
+    )
+
+    class Meta:
+        db_table = "job_controls"
+        verbose_name = "job control"
+        ordering = ["-requested_at", "-pk"]
+        indexes = [
+            models.Index(fields=["job_name", "action", "-requested_at"], name="job_controls_idx")
+        ]
+        permissions = [
+            ("pause_job", "Can pause and resume scheduled jobs"),
+            ("run_job_now", "Can run a scheduled job now"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.job_name} ({self.requested_at:%Y-%m-%d %H:%M:%S})"
+
+
+Action = JobControl.Action
+_PAUSE_OR_RESUME = (Action.PAUSE, Action.RESUME)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A span during which an entry was paused: ``until`` is None while it still is."""
+
+    since: datetime.datetime
+    until: datetime.datetime | None
+
+    def covers(self, moment: datetime.datetime) -> bool:
+        return self.since <= moment and (self.until is None or moment < self.until)
+
+
+def command_line_user() -> str:
+    """Who asked, from a command line: the OS user, host and pid."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"
+
+
+def _now(using: str) -> datetime.datetime:
+    return inspector_for(connections[using]).database_now()
+
+
+def _latest_switch(using: str, job_name: str) -> JobControl | None:
+    return (
+        JobControl.objects.using(using)
+        .filter(job_name=job_name, action__in=_PAUSE_OR_RESUME)
+        .order_by("-requested_at", "-pk")
+        .first()
+    )
+
+
+def is_paused(using: str, job_name: str) -> bool:
+    latest = _latest_switch(using, job_name)
+    return latest is not None and latest.action == Action.PAUSE
+
+
+def paused_entries(using: str, job_names: Iterable[str]) -> set[str]:
+    """Which of ``job_names`` are paused now."""
+    return {name for name in job_names if is_paused(using, name)}
+
+
+def set_paused(using: str, job_name: str, paused: bool, requested_by: str) -> JobControl | None:
+    """Pause or resume ``job_name``; return the new row, or None if it already was so."""
+    if is_paused(using, job_name) == paused:
+        return None
+    return JobControl.objects.using(using).create(
+        job_name=job_name,
+        action=Action.PAUSE if paused else Action.RESUME,
+        requested_at=_now(using),
+        requested_by=requested_by,
+    )
+
+
+def pauses(using: str, job_name: str, since: datetime.datetime) -> list[Pause]:
+    """The spans during which ``job_name`` was paused, from ``since`` on, oldest first."""
+    switches = JobControl.objects.using(using).filter(
+        job_name=job_name, action__in=_PAUSE_OR_RESUME
+    )
+    before = switches.filter(requested_at__lte=since).order_by("-requested_at", "-pk").first()
+    later = switches.filter(requested_at__gt=since).order_by("requested_at", "pk")
+    spans: list[Pause] = []
+    paused_since = since if before is not None and before.action == Action.PAUSE else None
+    for switch in later:
+        if switch.action == Action.PAUSE and paused_since is None:
+            paused_since = switch.requested_at
+        elif switch.action == Action.RESUME and paused_since is not None:
+            spans.append(Pause(paused_since, switch.requested_at))
+            paused_since = None
+    if paused_since is not None:
+        spans.append(Pause(paused_since, None))
+    return spans
+
+
+def fell_due_while_paused(using: str, job_name: str, due: datetime.datetime) -> bool:
+    """Was ``job_name`` paused at the instant ``due``?"""
+    return any(span.covers(due) for span in pauses(using, job_name, due))
+
+
+def manual_slot(moment: datetime.datetime) -> str:
+    """The slot of a run-now request made at ``moment``."""
+    local = moment.astimezone(ledger_time_zone()).replace(microsecond=0)
+    return MANUAL + local.isoformat()
+
+
+def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
+    """Ask the live schedulers to run ``job_name`` once now, in a slot of its own; raise
+    ``NoSchedulerAlive`` (and record nothing) if none is alive."""
+    if not live_schedulers(using):
+        raise NoSchedulerAlive(
+            f"{no_scheduler_alive(using)}: nobody would run {job_name!r}, so it was not "
+            f"requested. Start 'manage.py run_jobs' on an instance, then ask again."
+        )
+    now = _now(using)
+    return JobControl.objects.using(using).create(
+        job_name=job_name,
+        action=Action.RUN_NOW,
+        requested_at=now,
+        requested_by=requested_by,
+        slot=manual_slot(now),
+    )
+
+
+def pending_requests(
+    using: str, job_names: Iterable[str], now: datetime.datetime
+) -> list[JobControl]:
+    """The run-now requests of ``job_names`` whose slot has no attempt yet, oldest first
+    (at most ``REQUEST_EXPIRES`` old)."""
+    attempted = JobRun.objects.using(using).filter(
+        job_name=OuterRef("job_name"), period=OuterRef("slot")
+    )
+    return list(
+        JobControl.objects.using(using)
+        .filter(
+            action=Action.RUN_NOW,
+            job_name__in=list(job_names),
+            requested_at__gte=now - REQUEST_EXPIRES,
+        )
+        .exclude(Exists(attempted))
+        .order_by("requested_at", "pk")
+    )

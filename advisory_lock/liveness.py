@@ -1,0 +1,116 @@
+"""Scheduler liveness, a dead-man's switch: each ``run_jobs`` keeps a heartbeat row.
+
+A scheduler inserts its row (``job_schedulers``: host, pid, started, last seen, version) when
+it starts and sets ``last_seen`` to the database server's clock every ``POLL_INTERVAL``
+seconds while it runs. A scheduler is alive while its ``last_seen`` is less than
+``LIVE_WITHIN`` (3 poll intervals) old: one that was SIGKILLed, lost its host or can't reach
+the database stops counting within that time, and nothing has to clean up after it. Rows of
+schedulers not seen for ``FORGET_AFTER`` are deleted by the others, so the table stays small
+while it still tells since when none is alive.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import socket
+
+from django.db import connections
+from django.db import models
+
+from advisory_lock.backends import inspector_for
+
+#: Seconds between two heartbeats of a scheduler (and two looks at run-now requests).
+POLL_INTERVAL = 1.0
+#: A scheduler seen less than this long ago is alive.
+LIVE_WITHIN = datetime.timedelta(seconds=3 * POLL_INTERVAL)
+#: Rows of schedulers not seen for this long are deleted.
+FORGET_AFTER = datetime.timedelta(days=7)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("django-advisory-lock")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+class SchedulerHeartbeat(models.Model):
+    """One ``run_jobs`` process, and when it was last seen."""
+
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField(help_text="By the database server's clock.")
+    last_seen = models.DateTimeField(help_text="By the database server's clock.")
+    version = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        db_table = "job_schedulers"
+        verbose_name = "scheduler heartbeat"
+        ordering = ["-last_seen"]
+        indexes = [models.Index(fields=["-last_seen"], name="job_schedulers_seen_idx")]
+
+    def __str__(self) -> str:
+        return f"run_jobs pid {self.pid} on {self.host}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "started": self.started_at.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+        }
+
+
+def _now(using: str) -> datetime.datetime:
+    return inspector_for(connections[using]).database_now()
+
+
+class Heartbeat:
+    """The heartbeat of this scheduler process on the ledger's database ``using``."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.row: SchedulerHeartbeat | None = None
+
+    def beat(self) -> None:
+        """Record that this scheduler is alive now (its row, inserted again if deleted)."""
+        rows = SchedulerHeartbeat.objects.using(self.using)
+        now = _now(self.using)
+        if self.row is not None and rows.filter(pk=self.row.pk).update(last_seen=now):
+            self.row.last_seen = now
+            return
+        started = now if self.row is None else self.row.started_at
+        self.row = rows.create(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=started,
+            last_seen=now,
+            version=_version(),
+        )
+
+    def forget_the_dead(self) -> None:
+        """Delete the rows of schedulers not seen for ``FORGET_AFTER``."""
+        old = _now(self.using) - FORGET_AFTER
+        SchedulerHeartbeat.objects.using(self.using).filter(last_seen__lt=old).delete()
+
+
+def live_schedulers(using: str) -> list[SchedulerHeartbeat]:
+    """The schedulers seen within ``LIVE_WITHIN``, the latest seen first."""
+    since = _now(using) - LIVE_WITHIN
+    return list(SchedulerHeartbeat.objects.using(using).filter(last_seen__gte=since))
+
+
+def last_seen(using: str) -> datetime.datetime | None:
+    """When a scheduler was last seen, or None if none ever was (or not for a week)."""
+    latest = SchedulerHeartbeat.objects.using(using).order_by("-last_seen").first()
+    return None if latest is None else latest.last_seen
+
+
+def no_scheduler_alive(using: str) -> str:
+    """The line that says since when no scheduler is alive."""
+    seen = last_seen(using)
+    if seen is None:
+        return "no scheduler alive: none has run on this database in the last 7 days"
+    return f"no scheduler alive since {seen.isoformat()} (the last heartbeat)"

@@ -1,4 +1,5 @@
-"""Read-only admin for the job_runs ledger."""
+"""The admin of the job_runs ledger: the runs (read-only), the held locks, and the schedule's
+control room (live schedulers, pause / resume, run now, each entry's slot timeline)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.db import connections
 from django.db import router
 from django.http import HttpRequest
 from django.http import HttpResponse
+from django.http import HttpResponseNotAllowed
 from django.http import HttpResponseRedirect
 from django.http import QueryDict
 from django.template.response import TemplateResponse
@@ -26,15 +28,23 @@ from django.utils.html import format_html
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
+from advisory_lock.control import JobControl
+from advisory_lock.control import NoSchedulerAlive
+from advisory_lock.control import request_run
+from advisory_lock.control import set_paused
 from advisory_lock.inspection import HeldLock
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
+from advisory_lock.liveness import live_schedulers
+from advisory_lock.liveness import no_scheduler_alive
 from advisory_lock.models import JobRun
 from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduler import Scheduler
+from advisory_lock.timeline import parse_since
+from advisory_lock.timeline import timeline
 from advisory_lock.validation import check_text
 
 logger = logging.getLogger("advisory_lock")
@@ -143,6 +153,16 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             path("locks/", view(self.locks_view), name="advisory_lock_jobrun_locks"),
             path("schedule/", view(self.schedule_view), name="advisory_lock_jobrun_schedule"),
             path(
+                "schedule/control/",
+                view(self.schedule_control_view),
+                name="advisory_lock_jobrun_schedule_control",
+            ),
+            path(
+                "schedule/timeline/",
+                view(self.timeline_view),
+                name="advisory_lock_jobrun_timeline",
+            ),
+            path(
                 "locks/terminate/<int:holder_id>/",
                 view(self.terminate_view),
                 name="advisory_lock_jobrun_terminate",
@@ -164,8 +184,95 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
         for row in rows:
             row["overdue"] = overdue.get(row["name"])
-        context.update(rows=rows, opts=self.model._meta)
+        try:
+            live = live_schedulers(using)
+            dead_since = "" if live else no_scheduler_alive(using)
+        except DatabaseError as error:  # the control room's tables not migrated yet
+            live, dead_since = [], f"The schedulers' heartbeats could not be read: {error}"
+        context.update(
+            rows=rows,
+            live=live,
+            dead_since=dead_since,
+            can_pause=request.user.has_perm("advisory_lock.pause_job"),
+            can_run_now=request.user.has_perm("advisory_lock.run_job_now"),
+            opts=self.model._meta,
+        )
         return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
+
+    # Permission each control needs (custom permissions of JobControl).
+    CONTROLS = {
+        "pause": "advisory_lock.pause_job",
+        "resume": "advisory_lock.pause_job",
+        "run_now": "advisory_lock.run_job_now",
+    }
+
+    def schedule_control_view(self, request: HttpRequest) -> HttpResponse:
+        """Pause, resume or run now an entry: a POST (with Django's CSRF check, as every
+        admin view), by staff with the control's permission, logged in the admin's history."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        action = request.POST.get("action", "")
+        permission = self.CONTROLS.get(action)
+        if permission is None or not request.user.has_perm(permission):
+            raise PermissionDenied
+        name = request.POST.get("entry", "")
+        back = HttpResponseRedirect(reverse("admin:advisory_lock_jobrun_schedule"))
+        try:
+            entries = schedule_entries()
+        except ValueError as error:
+            messages.error(request, str(error))
+            return back
+        if name not in entries:
+            messages.error(request, f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+            return back
+        using = router.db_for_write(JobControl)
+        who = f"admin user {request.user.get_username()!r}"
+        if action == "run_now":
+            try:
+                row = request_run(using, name, who)
+            except NoSchedulerAlive as error:
+                messages.error(request, str(error))
+                return back
+            done = f"Requested a run of the scheduled entry {name!r} now (slot {row.slot})."
+        else:
+            changed = set_paused(using, name, action == "pause", who)
+            state = "Paused" if action == "pause" else "Resumed"
+            if changed is None:
+                messages.info(request, f"{name!r} was already {state.lower()}: nothing changed.")
+                return back
+            row = changed
+            done = f"{state} the scheduled entry {name!r}."
+        self.log_change(request, row, done)
+        messages.success(request, done)
+        return back
+
+    def timeline_view(self, request: HttpRequest) -> HttpResponse:
+        """One entry's slots since ``?since=`` (default: 7 days), with their outcomes."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        name = request.GET.get("entry", "")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Timeline of {name}",
+            "entry": name,
+            "since": request.GET.get("since", ""),
+            "opts": self.model._meta,
+        }
+        try:
+            entry = schedule_entries().get(name)
+            if entry is None:
+                raise ValueError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+            since = parse_since(context["since"]) if context["since"] else None
+            slots = timeline(entry, router.db_for_read(JobRun), since)
+        except (ValueError, DatabaseError) as error:
+            context["error"] = str(error)
+            return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
+        context["slots"] = slots
+        context["counts"] = {
+            outcome: sum(1 for slot in slots if slot.outcome == outcome)
+            for outcome in sorted({slot.outcome for slot in slots})
+        }
+        return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
 
     def locks_view(self, request: HttpRequest) -> HttpResponse:
         """Who holds which lock: for staff with the view permission on job runs."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
 
@@ -121,7 +122,10 @@ def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
                 pytest.fail("the waiter never showed up waiting")
             time.sleep(0.01)
         os.kill(waiter.proc.pid, signal.SIGINT)
-        status = waiter.proc.wait(DEFAULT_TIMEOUT)  # a guard against a hang, not a timing
+        try:
+            status = waiter.proc.wait(DEFAULT_TIMEOUT)  # a guard against a hang, not a timing
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the waiter ignored SIGINT; its stderr:\n{waiter.stderr()}")
         assert status != 0 and "KeyboardInterrupt" in waiter.stderr()
         assert holder.thread.is_alive()  # the lock was still held throughout
 

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 from typing import TypeVar
 
+from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS
 from django.db import DatabaseError
 from django.db import IntegrityError
@@ -637,22 +638,30 @@ def table_checked(using: str) -> Iterator[None]:
             if using != DEFAULT_DB_ALIAS:
                 migrate += f" --database {using}"
             raise LedgerNotMigrated(
-                f"The ledger's table {JobRun._meta.db_table} does not exist on database "
-                f"{using!r}: the advisory_lock app's migrations are not applied there. Run "
-                f"'{migrate}', then try again."
+                f"The ledger's tables ({', '.join(_app_tables())}) do not all exist on "
+                f"database {using!r}: the advisory_lock app's migrations are not applied "
+                f"there. Run '{migrate}', then try again."
             ) from error
         raise
 
 
 def _table_missing(using: str) -> bool:
-    """Does the database ``using`` say that it has no ledger table? False if it has one, or
-    does not answer (then the caller's error stands)."""
+    """Does the database ``using`` say that it lacks a table of the app (the ledger's, or the
+    control room's: ``job_controls``, ``job_schedulers``)? False if it has them all, or does
+    not answer (then the caller's error stands)."""
     connection = connections[using]
+    wanted = set(_app_tables())
     try:
         with connection.cursor() as cursor:
-            return JobRun._meta.db_table not in connection.introspection.table_names(cursor)
+            return not wanted <= set(connection.introspection.table_names(cursor))
     except DatabaseError:
         return False
+
+
+def _app_tables() -> list[str]:
+    return sorted(
+        model._meta.db_table for model in apps.get_app_config("advisory_lock").get_models()
+    )
 
 
 def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:

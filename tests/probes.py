@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from django.db import connections
 
@@ -37,3 +38,16 @@ def is_free(key, using, *, shared=False):
             return handle.acquired
 
     return in_other_connection(attempt)
+
+
+def freed(key, using, *, guard=300.0):
+    """True once ``key`` is free, after a holder's process exited or was killed: the server
+    frees a dead client's locks when it notices its connection is gone, after the process
+    is reaped (MySQL/MariaDB: when the thread serving it sees the closed socket). False only
+    if it is still held after ``guard`` seconds, a guard against a hang, not a timing."""
+    deadline = time.monotonic() + guard
+    while not is_free(key, using):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -27,7 +27,10 @@ from tests.databases import new_database
 from tests.probes import is_free
 
 ALIAS = "unmigrated"
-NOT_MIGRATED = "The ledger's table job_runs does not exist on database {alias!r}"
+NOT_MIGRATED = (
+    "The ledger's tables (job_controls, job_runs, job_schedulers) do not all exist on database "
+    "{alias!r}"
+)
 MIGRATE_HERE = re.escape(f"Run 'manage.py migrate --database {ALIAS}', then try again.")
 
 
@@ -102,3 +105,21 @@ def test_a_ledger_command_called_before_migrate_raises_command_error(unmigrated)
     with override_settings(ADVISORY_LOCK={"NAMESPACE": "tests", "SCHEDULE": schedule}):
         with pytest.raises(CommandError, match=re.escape(NOT_MIGRATED.format(alias=ALIAS))):
             call_command("run_jobs", "--list", "--database", ALIAS)
+
+
+def test_the_control_room_before_its_migration_says_to_run_migrate(unmigrated):
+    # A ledger from before the control room (migrations up to 0004): job_runs exists, the
+    # control room's tables don't.
+    call_command("migrate", "advisory_lock", "0004", database=ALIAS, verbosity=0)
+    assert has_ledger_table()
+    schedule = {"report": {"command": "nightly_report", "every": 60}}
+    with override_settings(ADVISORY_LOCK={"NAMESPACE": "tests", "SCHEDULE": schedule}):
+        for argv in (
+            ["run_jobs", "--check"],
+            ["run_jobs", "--status"],
+            ["run_jobs", "--pause", "report"],
+            ["run_jobs", "--run-now", "report"],
+            ["job_runs", "--timeline", "report"],
+        ):
+            with pytest.raises(CommandError, match=MIGRATE_HERE):
+                call_command(*argv, "--database", ALIAS)

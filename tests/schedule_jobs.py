@@ -1,4 +1,5 @@
-"""The callables that the schedules of ``tests/test_scheduler.py`` and ``bench/scheduler.py`` run.
+"""The callables that the schedules of ``tests/test_scheduler.py``, ``tests/test_control_room.py``
+and ``bench/scheduler.py`` run.
 
 Each run appends one JSON line to ``$ADVISORY_LOCK_TEST_JOBS_DIR/runs.jsonl`` when it ends:
 its entry, slot and attempt (read from its own ``running`` row of the ledger), its pid and
@@ -28,6 +29,15 @@ def nap() -> None:
 def sleep_long() -> None:
     """A run of two minutes: longer than any test waits for it."""
     _run(120.0)
+
+
+def until_go() -> None:
+    """A run that lasts until the file ``go`` appears in the jobs folder (five minutes at
+    most): the test decides when it ends."""
+    deadline = time.monotonic() + 300
+    while not (_folder() / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _run(0.0)
 
 
 def slow_the_first_time() -> None:

@@ -265,13 +265,17 @@ class Scheduler:
         if not wanted:
             return []
         # A slot that fell due while the entry was paused never runs, even after the resume.
+        # It is settled only once the pause is over: a resume is stamped with the database's
+        # clock before it commits, so one that commits after this look may still say that
+        # the slot fell due after it (it then runs, a moment late).
         spans = pauses(self.using, entry.name, min(slot for _, slot in wanted))
         slots = []
         for name, slot in wanted:
-            if any(span.covers(slot) for span in spans):
-                self._settled.add((entry.name, name))
-            else:
+            covering = [span for span in spans if span.covers(slot)]
+            if not covering:
                 slots.append(name)
+            elif all(span.until is not None for span in covering):
+                self._settled.add((entry.name, name))
         return slots
 
     def _missed(self, entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:

@@ -60,6 +60,13 @@ def post_form(client: Client, entry: str, action: str):
     )
 
 
+@pytest.fixture(autouse=True)
+def no_heartbeats():
+    """No scheduler left alive by an earlier test (one counts as alive for 3 s after it
+    died); the test's own are flushed after it."""
+    SchedulerHeartbeat.objects.all().delete()
+
+
 @pytest.fixture
 def schedule():
     with settings_with({"poll": {"callable": f"{JOBS}.tick", "every": 3600}}):

@@ -34,6 +34,7 @@ from django.urls import reverse
 from advisory_lock import JobRun
 from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
+from advisory_lock.liveness import SchedulerHeartbeat
 from tests.probes import is_free
 from tests.schedule_jobs import runs
 
@@ -101,10 +102,14 @@ class Schedulers:
         return self.finish(self.start(schedule, "--once", *argv, **options))
 
     def kill_all(self) -> None:
+        """SIGKILL every scheduler and its jobs, and delete their heartbeat rows: a killed
+        scheduler counts as alive for 3 s, which the next test must not see."""
         for process in self.started:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        pids = [process.pid for process in self.started]
+        SchedulerHeartbeat.objects.using(self.using).filter(pid__in=pids).delete()
 
 
 @pytest.fixture

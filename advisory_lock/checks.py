@@ -109,7 +109,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 def _check_command_graces() -> list[CheckMessage]:
-    """The ``lock_grace`` of single-instance commands: a grace the overdue report can use."""
+    """The ``lock_grace`` of single-instance commands (a grace the overdue report can use),
+    and their ``lock_ledger_atomic`` (a bool, and only with a ``lock_ledger``)."""
     from advisory_lock.single_instance.commands import command_label
     from advisory_lock.single_instance.commands import grace_problem
     from advisory_lock.single_instance.commands import single_instance_commands
@@ -124,6 +125,20 @@ def _check_command_graces() -> list[CheckMessage]:
                     hint="Set lock_grace (or @single_instance(grace=...)) to the seconds after "
                     "a slot's end when a slot without a successful run is overdue.",
                     id="advisory_lock.E010",
+                )
+            )
+        atomic = command_class.lock_ledger_atomic
+        if atomic is not False and (atomic is not True or command_class.lock_ledger is None):
+            messages.append(
+                Error(
+                    f"The single-instance command {command_label(command_class)} has "
+                    f"lock_ledger_atomic = {atomic!r}"
+                    + ("" if atomic is True else ", not True or False")
+                    + (" without a lock_ledger" if atomic is True else "")
+                    + ": an atomic run commits its success in the ledger with its writes.",
+                    hint="Set lock_ledger (a period, e.g. 'daily') with lock_ledger_atomic = "
+                    "True, or drop lock_ledger_atomic.",
+                    id="advisory_lock.E012",
                 )
             )
     return messages

@@ -14,11 +14,14 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
+from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
+from django.test import override_settings
 
 from advisory_lock import JobRun
 from advisory_lock import LockLost
@@ -410,3 +413,14 @@ def test_an_atomic_schedule_entry_commits_its_writes_with_its_success(
     assert dict(ledger.values_list("job_name", "status")) == {"kept": SUCCEEDED, "undone": FAILED}
     assert "RuntimeError" in ledger.get(job_name="undone").error
     assert list(effects.values_list("name", flat=True)) == ["kept"]
+
+
+def test_a_command_with_lock_ledger_atomic_and_no_ledger_is_a_system_check_error():
+    def errors():
+        return [message for message in run_checks() if message.id == "advisory_lock.E012"]
+
+    assert errors() == []
+    with override_settings(INSTALLED_APPS=[*settings.INSTALLED_APPS, "tests.atomicapp"]):
+        [error] = errors()
+    assert "atomicapp.atomic_without_ledger" in error.msg and "without a lock_ledger" in error.msg
+    assert "lock_ledger" in error.hint

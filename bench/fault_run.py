@@ -1,16 +1,20 @@
-"""The randomized fault run, minutes long: instances of a ledger job under chaos (SIGKILLs,
-lock connections terminated by the server, server restarts); then the ledger's invariants,
-and the counts for bench/README.md.
+"""The randomized fault run, minutes long: instances of three ledger jobs (a ``once`` job, a
+job on 0.5 s slots, and an ``atomic=True`` job on the same slots that writes an effect row)
+under chaos (SIGKILLs, lock and transaction connections terminated by the server, server
+restarts); then the ledger's invariants, the atomic job's effects (committed once per
+succeeded slot, never for a failed or killed attempt), and the counts for bench/README.md.
 
     .venv/bin/python bench/fault_run.py [--seconds 120] [--instances 8] [--seeds 1,2]
         [--only sqlite,postgresql,mysql] [--restart-every 30 | --no-restarts] [--heartbeat 0.2]
 
 The harness and the instances are tests/fault_run_worker.py (tests/test_fault_run.py runs the
 same for seconds). Each backend runs on a database of its own (``bench_fault_run``; a temp
-file for SQLite), migrated here. Restarts (PostgreSQL: ``pg_ctlcluster ... restart``; MariaDB:
-``mariadb-admin shutdown``, then ``start-stop-daemon``) break every connection to the server,
-other programs' included: don't run them beside a test run. The servers are left running,
-also on failure or Ctrl-C. Exits with status 1 if an invariant broke.
+file for SQLite), migrated here; the atomic job's table (``fault_run_effects``) is made by
+the harness and emptied at the start of each run. Restarts (PostgreSQL: ``pg_ctlcluster ...
+restart``; MariaDB: ``mariadb-admin shutdown``, then ``start-stop-daemon``) break every
+connection to the server, other programs' included: don't run them beside a test run
+(``--no-restarts``). The servers are left running, also on failure or Ctrl-C. Exits with
+status 1 if an invariant broke.
 """
 
 from __future__ import annotations

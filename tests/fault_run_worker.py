@@ -1,26 +1,35 @@
-"""The randomized fault run: instances of two ledger jobs under chaos, then the invariants.
+"""The randomized fault run: instances of three ledger jobs under chaos, then the invariants.
 
 Used by tests/test_fault_run.py (seconds long, on the pytest run's test databases) and by
 bench/fault_run.py (minutes long, with server restarts). Three parts:
 
 * **The instance**, ``python -m tests.fault_run_worker --using ALIAS --dir DIR --seed N``, a
-  real process that loops over two jobs run with ``run_once(..., heartbeat=...)``:
-  ``fault-run-once`` (period ``"once"``) and ``fault-run-daily`` (a callable period whose slot
-  changes every ``--slot-seconds``). A run fails on purpose with some probability, before its
-  critical section, so that its slot is retried. Its critical section owns an O_EXCL marker
-  per job (``DIR/markers/<job>``, made with ``link()`` so that it always holds its owner's
-  pid, process start time and run): finding a live owner's marker there is an overlap, a dead
+  real process that loops over three jobs run with ``run_once(..., heartbeat=...)``:
+  ``fault-run-once`` (period ``"once"``), ``fault-run-daily`` (a callable period whose slot
+  changes every ``--slot-seconds``) and ``fault-run-atomic`` (the same slots, ``atomic=True``).
+  A run of the first two fails on purpose with some probability, before its critical
+  section, so that its slot is retried. The atomic job's critical section writes an effect
+  row (job, slot, run, pid) in the table ``fault_run_effects`` on the ledger's database, in
+  the run's transaction, works a little, and fails on purpose with some probability after
+  that write (which must then roll back); from the end of its body until its run's commit
+  or rollback is over, ``DIR/ending/<pid>`` exists. Each critical section owns an O_EXCL
+  marker per job (``DIR/markers/<job>``, made with ``link()`` so that it always holds its
+  owner's pid, process start time and run; the atomic job's also holds the server's id of
+  the connection it writes on): finding a live owner's marker there is an overlap, a dead
   owner's (SIGKILLed inside its body) is set aside. Every instance appends JSON lines with
   ``time.monotonic()`` stamps (one clock for every process on Linux) to
-  ``DIR/log-<pid>.jsonl``: try, skipped, claimed, enter, overlap, leave, and the run's end
-  (succeeded, failed, lost with where the ``LockLost`` was raised, or error).
+  ``DIR/log-<pid>.jsonl``: try, skipped, claimed, enter, effect, overlap, leave, and the
+  run's end (succeeded, failed, lost with where the ``LockLost`` was raised, or error).
   Settings: ``DJANGO_SETTINGS_MODULE``, or a JSON dict for ``settings.configure()`` in
   ``FAULT_RUN_SETTINGS`` (the bench's databases).
-* **``FaultRun``**: starts the instances, then for a bounded time its chaos thread, at seeded
-  random intervals, SIGKILLs a random instance (half the time one inside its body) and starts
-  a new one, terminates a random job lock's connection from the server side (PostgreSQL
-  ``pg_terminate_backend``, MySQL/MariaDB ``KILL``; holders found with ``held_locks()``), and,
-  with ``restart=``, restarts the server. Then it SIGKILLs every instance.
+* **``FaultRun``**: makes the effects' table (``CREATE TABLE IF NOT EXISTS``: no migration)
+  and starts the instances, then for a bounded time its chaos thread, at seeded random
+  intervals, SIGKILLs a random instance (40 % of the time one inside a body, 25 % one between
+  its atomic body and the end of its commit) and starts a new one, terminates from the server
+  side a random job lock's connection (PostgreSQL ``pg_terminate_backend``, MySQL/MariaDB
+  ``KILL``; holders found with ``held_locks()``) or, a quarter of the time, the connection of
+  an atomic body (its transaction's), and, with ``restart=``, restarts the server. Then it
+  SIGKILLs every instance.
 * **``FaultRun.check()``**: with every instance gone, the invariants (``Report.violations``)
   and the counts (``Report``). Invariants: no job lock held (each taken from this process
   with ``wait=False``); after ``job_runs --mark-abandoned``, no row running; at most one
@@ -30,7 +39,10 @@ bench/fault_run.py (minutes long, with server restarts). Three parts:
   and one of the two runs raised ``LockLost`` (a database error, in a restart) or was
   killed; no exception but ``LockLost`` and database errors out of ``run_once``; no instance,
   and no thread of one, that died by itself. The overlaps come from the logs (every pair of
-  intervals); each overlap the markers saw must be among them.
+  intervals); each overlap the markers saw must be among them. For the atomic job
+  (``check_effects``): in each slot as many committed effect rows as succeeded rows (one if
+  the slot succeeded, none otherwise), each one the effect of the slot's succeeded run: no
+  effect of a failed, abandoned (killed) or taken-over attempt survives.
 
 The seed decides every choice the chaos and the instances make; the timing of processes does
 not repeat, so a seed does not replay a run exactly.
@@ -53,13 +65,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ONCE = "fault-run-once"
 DAILY = "fault-run-daily"
-JOBS = (ONCE, DAILY)
+ATOMIC = "fault-run-atomic"
+JOBS = (ONCE, DAILY, ATOMIC)
 #: ``run_once`` holds the lock ``job:<job name>``.
 LOCK_NAMES = {f"job:{job}": job for job in JOBS}
 #: How much later than ``heartbeat`` a lost lock is noticed at the latest (docs/jobs.md: "A
@@ -68,6 +82,13 @@ NOTICE_MARGIN = 1.0
 #: How long the locks may stay held after every instance was SIGKILLed (documented: within a
 #: second; tested 0.2-0.3 s).
 FREE_TIMEOUT = 3.0
+#: The atomic job's effects: one row per execution of its body, written on the ledger's
+#: database (in the run's transaction), made by the harness (no migration).
+EFFECTS = "fault_run_effects"
+EFFECTS_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {EFFECTS} (job VARCHAR(100) NOT NULL, slot VARCHAR(64) NOT "
+    f"NULL, run VARCHAR(40) NOT NULL, pid INTEGER NOT NULL)"
+)
 
 
 # The instance.
@@ -89,17 +110,26 @@ def process_start(pid: int) -> str | None:
 
 
 class Instance:
-    """One process running the two jobs in a loop until it is killed."""
+    """One process running the three jobs in a loop until it is killed."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from advisory_lock.dedicated import direct_alias
+
         self.using = args.using
         self.rng = random.Random(args.seed)
         self.markers = Path(args.dir) / "markers"
         self.heartbeat = args.heartbeat
         self.slot_seconds = args.slot_seconds
         self.unlocked = args.unlocked
-        self.failure = {ONCE: args.fail_once, DAILY: args.fail_daily}
+        self.failure = {ONCE: args.fail_once, DAILY: args.fail_daily, ATOMIC: args.fail_atomic}
+        self.atomic = not args.not_atomic
+        #: The atomic run's transaction is on this thread's connection to the ledger's
+        #: database (DIRECT_ALIAS, if one is set): the effect is written there.
+        self.effects_alias = direct_alias(self.using)
         self.pid = os.getpid()
+        #: Present from the end of the atomic body until its run's end (commit or rollback)
+        #: is over: the chaos kills there too.
+        self.ending = Path(args.dir) / "ending" / str(self.pid)
         self.me = {"pid": self.pid, "start": process_start(self.pid)}
         path = Path(args.dir) / f"log-{self.pid}.jsonl"
         self.log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -124,6 +154,13 @@ class Instance:
             ONCE: run_once(ONCE, period="once", using=self.using, heartbeat=self.heartbeat),
             DAILY: run_once(
                 DAILY, period=self.daily_slot, using=self.using, heartbeat=self.heartbeat
+            ),
+            ATOMIC: run_once(
+                ATOMIC,
+                period=self.daily_slot,
+                using=self.using,
+                heartbeat=self.heartbeat,
+                atomic=self.atomic,
             ),
         }
         self.record("started", **self.me)
@@ -155,6 +192,9 @@ class Instance:
                 self.record("claimed", job=job, run=run_id, slot=run.period, attempt=run.attempt)
                 self.body(job, run_id, run)
                 self.phase = "ending"
+                if job == ATOMIC:
+                    # Until the commit (or the rollback) is over: the chaos kills there too.
+                    os.close(os.open(self.ending, os.O_WRONLY | os.O_CREAT, 0o644))
         except LockLost as lost:
             where = self.phase
             self.leave()
@@ -181,6 +221,9 @@ class Instance:
                 self.record("end", job=job, run=run_id, outcome="succeeded")
         finally:
             self.phase = "idle"
+            if job == ATOMIC:
+                with contextlib.suppress(FileNotFoundError):
+                    self.ending.unlink()
 
     def unguarded(self, job: str) -> None:
         """The same body without lock or ledger: to check that the detector sees overlaps."""
@@ -197,6 +240,9 @@ class Instance:
 
     def body(self, job: str, run_id: Any, run: Any) -> None:
         """Prepare (and maybe fail), then 20-200 ms of work inside the critical section."""
+        if job == ATOMIC:
+            self.atomic_body(run_id, run)
+            return
         time.sleep(self.rng.uniform(0, 0.02))
         if self.rng.random() < self.failure[job]:
             raise BodyFailed(f"{job}: run {run_id} failed on purpose")
@@ -208,9 +254,43 @@ class Instance:
         time.sleep(self.rng.uniform(0.01, 0.1))
         self.leave()
 
-    def enter(self, job: str, run_id: Any) -> None:
+    def atomic_body(self, run_id: Any, run: Any) -> None:
+        """The atomic job: inside its critical section, write the effect row (in the run's
+        transaction; in autocommit without ``atomic``, or unguarded), 10-100 ms of work, then
+        maybe leave it and fail (after the write, which must then roll back), else 10-50 ms
+        more.
+
+        The marker names the connection the effect is written on (its server-side id), so
+        that the chaos can terminate it."""
+        from django.db import connections
+        from django.utils import timezone
+
+        connection = connections[self.effects_alias]
+        time.sleep(self.rng.uniform(0, 0.02))
+        self.phase = "body"
+        connection.ensure_connection()
+        self.enter(ATOMIC, run_id, connection=connection_id(connection))
+        slot = self.daily_slot(timezone.now()) if run is None else run.period
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {EFFECTS} (job, slot, run, pid) VALUES (%s, %s, %s, %s)",
+                [ATOMIC, slot, str(run_id), self.pid],
+            )
+        self.record("effect", job=ATOMIC, run=run_id, slot=slot)
+        time.sleep(self.rng.uniform(0.01, 0.1))
+        if run is not None and self.rng.random() < 0.5:
+            run.assert_current(self.using)  # LockLost if the run was taken over
+        if self.rng.random() < self.failure[ATOMIC]:
+            # Out of the critical section first: the run's end (the rollback, the failed
+            # mark, the lock's release) comes after, and the next run may then start.
+            self.leave()
+            raise BodyFailed(f"{ATOMIC}: run {run_id} failed on purpose, after its write")
+        time.sleep(self.rng.uniform(0.01, 0.05))
+        self.leave()
+
+    def enter(self, job: str, run_id: Any, **extra: Any) -> None:
         """Own the job's marker; an owner found alive there is recorded as an overlap."""
-        content = json.dumps({**self.me, "run": run_id}).encode()
+        content = json.dumps({**self.me, "run": run_id, **extra}).encode()
         self.inside = {"job": job, "run": run_id, "at": time.monotonic(), "content": content}
         marker = self.markers / job
         # link() makes the marker with its content in one step, and fails if it exists.
@@ -281,7 +361,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slot-seconds", type=float, default=0.5)
     parser.add_argument("--fail-once", type=float, default=0.5)
     parser.add_argument("--fail-daily", type=float, default=0.3)
+    parser.add_argument("--fail-atomic", type=float, default=0.3)
     parser.add_argument("--unlocked", action="store_true", help="no lock, no ledger")
+    parser.add_argument(
+        "--not-atomic",
+        action="store_true",
+        help="the atomic job without atomic=True: its effect commits at once",
+    )
     args = parser.parse_args(argv)
     import django
 
@@ -291,6 +377,18 @@ def main(argv: list[str] | None = None) -> None:
         settings.configure(**json.loads(os.environ["FAULT_RUN_SETTINGS"]))
     django.setup()
     Instance(args).loop()
+
+
+def connection_id(connection: Any) -> int | None:
+    """The server's id of a Django connection (PostgreSQL: its backend's pid; MySQL: its
+    thread id), which ``pg_terminate_backend`` and ``KILL`` take; None on SQLite."""
+    raw = connection.connection
+    if connection.vendor == "postgresql":
+        info = getattr(raw, "info", None)  # psycopg 3, else psycopg2
+        return int(info.backend_pid if info is not None else raw.get_backend_pid())
+    if connection.vendor == "mysql":
+        return int(raw.thread_id())
+    return None
 
 
 # The harness.
@@ -321,7 +419,11 @@ class Report:
     started: int = 0
     kills: int = 0
     kills_inside: int = 0
+    #: Kills of an instance between its atomic body and the end of its commit (or rollback).
+    kills_ending: int = 0
     terminations: int = 0
+    #: Connections of atomic bodies (their transaction's) terminated by the server.
+    body_terminations: int = 0
     restarts: int = 0
     tries: int = 0
     claim_errors: int = 0
@@ -334,6 +436,15 @@ class Report:
     once_succeeded: int = 0
     daily_slots: int = 0
     daily_slots_succeeded: int = 0
+    atomic_slots: int = 0
+    atomic_slots_succeeded: int = 0
+    #: The atomic job's effect rows: written by a body (its instance logged it), committed.
+    effects_written: int = 0
+    effect_rows: int = 0
+    #: Where the atomic runs that were SIGKILLed were (from their logs and rows).
+    atomic_killed: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: Database errors out of run_once, by job and message (their first line).
+    database_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     max_succeeded_per_slot: int = 0
     overlaps: list[Overlap] = dataclasses.field(default_factory=list)
     marker_overlaps: int = 0
@@ -343,11 +454,13 @@ class Report:
 
     HEADER = (
         "| backend | seed | chaos (s) | instances (started) | runs | rows succeeded / failed / "
-        "abandoned | kills (in body) | terminations | restarts | LockLost (in body / at end) "
-        "| errors (claiming) | overlaps: LockLost / killed / error / unnoticed | longest overlap "
-        "| `once` attempts | daily slots (succeeded) | most successes in a slot | violations |\n"
+        "abandoned | kills (in body / at atomic end) | terminations: locks / atomic bodies "
+        "| restarts | LockLost (in body / at end) | errors (claiming) | overlaps: LockLost / "
+        "killed / error / unnoticed | longest overlap | `once` attempts | daily slots "
+        "(succeeded) | atomic slots (succeeded) | effect rows written / committed | most "
+        "successes in a slot | violations |\n"
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
 
     def row(self) -> str:
@@ -359,12 +472,15 @@ class Report:
         return (
             f"| {self.backend} | {self.seed} | {self.seconds:g} | {self.instances} "
             f"({self.started}) | {self.runs} | {rows['succeeded']} / {rows['failed']} / "
-            f"{rows['abandoned']} | {self.kills} ({self.kills_inside}) | {self.terminations} "
+            f"{rows['abandoned']} | {self.kills} ({self.kills_inside} / {self.kills_ending}) "
+            f"| {self.terminations} / {self.body_terminations} "
             f"| {self.restarts} | {lost} ({in_body} / {lost - in_body}) "
             f"| {self.outcomes['error']} ({self.claim_errors}) | {endings['lost']} / "
             f"{endings['killed']} / {endings['error']} / {endings['none']} "
             f"| {longest * 1000:.0f} ms "
             f"| {self.once_attempts} | {self.daily_slots} ({self.daily_slots_succeeded}) "
+            f"| {self.atomic_slots} ({self.atomic_slots_succeeded}) "
+            f"| {self.effects_written} / {self.effect_rows} "
             f"| {self.max_succeeded_per_slot} | {len(self.violations)} |"
         )
 
@@ -374,7 +490,8 @@ class Report:
             f"{self.tries} tries; runs ended {dict(self.outcomes)}; LockLost raised in "
             f"{dict(self.lost_where)}; overlaps seen by the marker {self.marker_overlaps}, "
             f"stale markers set aside {self.stale_markers}; rows marked abandoned at the end "
-            f"{self.marked_at_end}; locks free {free} after the last kill"
+            f"{self.marked_at_end}; locks free {free} after the last kill; atomic runs killed "
+            f"{dict(self.atomic_killed)}; database errors {dict(self.database_errors)}"
         )
 
     def summary(self) -> str:
@@ -384,14 +501,16 @@ class Report:
 
 
 class FaultRun:
-    """Instances of the two jobs on ``using`` under chaos for ``seconds``; then ``check()``.
+    """Instances of the three jobs on ``using`` under chaos for ``seconds``; then ``check()``.
 
     ``env``: the instances' environment (their settings). The chaos acts every ``pause``
     seconds (a random range); ``kill_share`` of its actions are kills, the others terminate
-    a lock's connection (not on SQLite; the first action is always a kill). ``restart``: a
-    callable that restarts the server, called about every ``restart_every`` seconds.
-    ``unlocked``: the instances run their bodies without lock or ledger (the checks must
-    then see overlaps).
+    a lock's connection, or (a quarter of them) an atomic body's (not on SQLite; the first
+    action is always a kill). ``restart``: a callable that restarts the server, called about
+    every ``restart_every`` seconds. ``unlocked``: the instances run their bodies without
+    lock or ledger (the checks must then see overlaps, and effects without a success).
+    ``atomic=False``: the atomic job runs without ``atomic=True``, its effect committed at
+    once (the checks must then see effects of failed and killed attempts).
     """
 
     def __init__(
@@ -408,10 +527,12 @@ class FaultRun:
         slot_seconds: float = 0.5,
         fail_once: float = 0.5,
         fail_daily: float = 0.3,
+        fail_atomic: float = 0.3,
         terminate: bool = True,
         restart: Callable[[], None] | None = None,
         restart_every: float = 30.0,
         unlocked: bool = False,
+        atomic: bool = True,
         kill_share: float = 1 / 3,
         pause: tuple[float, float] = (0.05, 0.3),
     ) -> None:
@@ -431,7 +552,9 @@ class FaultRun:
             f"--slot-seconds={slot_seconds}",
             f"--fail-once={fail_once}",
             f"--fail-daily={fail_daily}",
+            f"--fail-atomic={fail_atomic}",
             *(["--unlocked"] if unlocked else []),
+            *([] if atomic else ["--not-atomic"]),
         ]
         # SQLite has no server: its locks can only be lost with their process.
         self.terminate = terminate and self.vendor != "sqlite"
@@ -444,8 +567,9 @@ class FaultRun:
         self._chaos_failure: BaseException | None = None
         self.processes: dict[int, subprocess.Popen] = {}
         self.started = 0
-        #: What the chaos did, with monotonic times: kill, final_kill, terminate, restart,
-        #: exited (an instance that stopped by itself), chaos_error.
+        #: What the chaos did, with monotonic times: kill, final_kill, terminate,
+        #: terminate_body (an atomic body's connection), restart, exited (an instance that
+        #: stopped by itself), chaos_error.
         self.events: list[dict[str, Any]] = []
 
     # Instances.
@@ -474,7 +598,8 @@ class FaultRun:
 
     def kill(self, pid: int, event: str) -> None:
         """SIGKILL the instance ``pid`` and reap it (its marker, if any, is left behind)."""
-        inside = set(self._inside().values())
+        inside = {pid: job for job, pid in self._inside().items()}
+        ending = self._ending()
         process = self.processes.pop(pid)
         at = time.monotonic()  # before the kill: the instance's body ends after this
         if process.poll() is not None:
@@ -483,17 +608,41 @@ class FaultRun:
             return
         process.send_signal(signal.SIGKILL)
         process.wait()
-        self.events.append({"t": at, "event": event, "pid": pid, "inside": pid in inside})
+        with contextlib.suppress(FileNotFoundError):  # its pid may be used again
+            (self.directory / "ending" / str(pid)).unlink()
+        self.events.append(
+            {
+                "t": at,
+                "event": event,
+                "pid": pid,
+                "inside": pid in inside,
+                "job": inside.get(pid),
+                "ending": pid in ending,
+            }
+        )
+
+    def _markers(self) -> dict[str, dict[str, Any]]:
+        """{job: marker} of the live instances in a job's critical section: the marker's
+        content (pid, start, run; the atomic job's: connection too)."""
+        markers = {}
+        for job in JOBS:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                marker = json.loads((self.directory / "markers" / job).read_bytes())
+                if marker["pid"] in self.processes:
+                    markers[job] = marker
+        return markers
 
     def _inside(self) -> dict[str, int]:
         """{job: pid} of the live instances in a job's critical section (from the markers)."""
-        inside = {}
-        for job in JOBS:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                pid = json.loads((self.directory / "markers" / job).read_bytes())["pid"]
-                if pid in self.processes:
-                    inside[job] = pid
-        return inside
+        return {job: marker["pid"] for job, marker in self._markers().items()}
+
+    def _ending(self) -> set[int]:
+        """The live instances between their atomic body and the end of its run's commit."""
+        return {
+            int(path.name)
+            for path in (self.directory / "ending").iterdir()
+            if int(path.name) in self.processes
+        }
 
     def _reap_exited(self) -> None:
         """An instance never stops by itself: record the ones that did, start others."""
@@ -511,6 +660,8 @@ class FaultRun:
     def run(self) -> Report:
         """Start, shake, stop; then check."""
         (self.directory / "markers").mkdir(parents=True, exist_ok=True)
+        (self.directory / "ending").mkdir(exist_ok=True)
+        self._create_effects_table()
         self._delete_rows()
         chaos = threading.Thread(target=self._chaos, name="fault-run-chaos")
         try:
@@ -520,7 +671,7 @@ class FaultRun:
             chaos.start()
             while chaos.is_alive():
                 chaos.join(0.5)
-            self._until_both_jobs_succeeded()
+            self._until_every_job_succeeded()
         finally:
             self._stop.set()  # on Ctrl-C: the chaos ends its action (a restart: completes it)
             if chaos.is_alive():
@@ -533,7 +684,7 @@ class FaultRun:
             raise self._chaos_failure
         return self.check()
 
-    def _until_both_jobs_succeeded(self) -> None:
+    def _until_every_job_succeeded(self) -> None:
         """After the chaos, let the instances run on (no more chaos) until each job has a
         succeeded run, for at most ``settle`` seconds: on a loaded machine a few seconds of
         chaos may leave no time for one, and a run that proves nothing proves nothing."""
@@ -555,7 +706,7 @@ class FaultRun:
                 connections[self.using].close()
                 time.sleep(0.2)
                 continue
-            if succeeded >= {ONCE, DAILY}:
+            if succeeded >= set(JOBS):
                 return
             self._reap_exited()
             time.sleep(0.2)
@@ -594,7 +745,11 @@ class FaultRun:
                         )
                     elif not self._killed_one() or rng.random() < self.kill_share:
                         self._kill_an_instance(rng)  # the first action kills, then at random
-                    elif self.terminate:  # SQLite: kills only, at the same rate
+                    elif not self.terminate:  # SQLite: kills only, at the same rate
+                        pass
+                    elif rng.random() < 0.25:
+                        self._terminate_a_body(rng)
+                    else:
                         self._terminate_a_lock(rng)
                 except DatabaseError as error:  # our own connection, during a restart
                     self.events.append(
@@ -610,17 +765,55 @@ class FaultRun:
         return any(event["event"] == "kill" for event in self.events)
 
     def _kill_an_instance(self, rng: random.Random) -> None:
+        """SIGKILL an instance: 40 % of the time one inside a body (if any), 25 % one between
+        its atomic body and the end of its commit (waiting at most 0.3 s for one), else any.
+        """
         # Only instances that run (Django is set up): killing one that starts tests nothing.
         ready = {pid for pid in self.processes if (self.directory / f"log-{pid}.jsonl").exists()}
         inside = sorted(set(self._inside().values()) & ready)
-        if inside and rng.random() < 0.5:
+        where = rng.random()
+        ending: list[int] = []
+        if where >= 0.4 and where < 0.65:
+            deadline = time.monotonic() + 0.3
+            while not ending and time.monotonic() < deadline and not self._stop.is_set():
+                ending = sorted(self._ending() & ready)
+                time.sleep(0 if ending else 0.002)
+        if inside and where < 0.4:
             victim = rng.choice(inside)
+        elif ending:
+            victim = rng.choice(ending)
         elif ready:
             victim = rng.choice(sorted(ready))
         else:
             return
         self.kill(victim, "kill")
         self.start_instance()
+
+    def _terminate_a_body(self, rng: random.Random) -> None:
+        """Terminate the connection an atomic body writes on (its transaction's), server
+        side, waiting at most 0.5 s for one."""
+        from django.db import DatabaseError
+        from django.db import connections
+
+        deadline = time.monotonic() + 0.5
+        marker = self._markers().get(ATOMIC)
+        while marker is None and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.005)
+            marker = self._markers().get(ATOMIC)
+        if marker is None or marker.get("connection") is None:
+            return
+        at = time.monotonic()
+        with connections[self.using].cursor() as cursor:
+            try:
+                if self.vendor == "postgresql":
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [marker["connection"]])
+                else:
+                    cursor.execute(f"KILL {int(marker['connection'])}")
+            except DatabaseError:  # it ended meanwhile ("Unknown thread id")
+                return
+        self.events.append(
+            {"t": at, "event": "terminate_body", "pid": marker["pid"], "run": marker["run"]}
+        )
 
     def _terminate_a_lock(self, rng: random.Random) -> None:
         """Terminate the connection of a random holder of a job lock, server side."""
@@ -681,8 +874,34 @@ class FaultRun:
 
         return JobRun.objects.using(self.using).filter(job_name__in=JOBS)
 
+    def _create_effects_table(self) -> None:
+        from django.db import connections
+
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(EFFECTS_DDL)
+
+    def _effects(self) -> list[tuple[str, str, str, int]]:
+        """The atomic job's committed effect rows: (job, slot, run, pid)."""
+        from django.db import connections
+
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"SELECT job, slot, run, pid FROM {EFFECTS}")
+            return [tuple(row) for row in cursor.fetchall()]
+
     def _delete_rows(self) -> None:
+        from django.db import connections
+
         self._rows().delete()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"DELETE FROM {EFFECTS}")
+
+    def clean_up(self) -> None:
+        """Delete the run's rows and drop the effects' table."""
+        from django.db import connections
+
+        self._rows().delete()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {EFFECTS}")
 
     def _wait_locks_free(self) -> tuple[float | None, list[str]]:
         """Seconds until every job lock could be taken (tried from this process)."""
@@ -719,6 +938,10 @@ class FaultRun:
         report.kills_inside = sum(
             1 for event in self.events if event["event"] == "kill" and event["inside"]
         )
+        report.kills_ending = sum(
+            1 for event in self.events if event["event"] == "kill" and event["ending"]
+        )
+        report.body_terminations = kinds["terminate_body"]
         for event in self.events:
             if event["event"] == "exited":
                 violations.append(f"instance {event['pid']} exited by itself ({event['rc']})")
@@ -761,9 +984,17 @@ class FaultRun:
                 violations.append(f"{job} slot {slot}: attempts {later} after the success")
             if job == ONCE:
                 report.once_attempts, report.once_succeeded = len(attempts), len(succeeded)
-            else:
+            elif job == DAILY:
                 report.daily_slots += 1
                 report.daily_slots_succeeded += bool(succeeded)
+
+        # The atomic job's effects: committed once per succeeded slot, by its success.
+        effects = check_effects(
+            rows.filter(job_name=ATOMIC).values_list("pk", "period", "status"), self._effects()
+        )
+        report.atomic_slots, report.atomic_slots_succeeded = effects.slots, effects.succeeded
+        report.effect_rows = effects.rows
+        violations += effects.violations
 
         self._check_logs(report, dict(rows.values_list("pk", "status")))
         return report
@@ -795,6 +1026,9 @@ class FaultRun:
                     f"{event['job']} run {event['run']} (pid {pid}) raised {event['error']} "
                     f"(where: {event['where']}):\n{event['traceback']}"
                 )
+            if kind == "end" and event["outcome"] == "error" and event["database"]:
+                first_line = event["error"].splitlines()[0][:120] if event["error"] else ""
+                report.database_errors[f"{event['job']}: {first_line}"] += 1
             if kind == "end" and event["outcome"] == "error" and event["run"] is None:
                 report.claim_errors += 1  # taking the lock or claiming failed: a restart
             if "run" not in event or event["run"] is None:
@@ -825,9 +1059,14 @@ class FaultRun:
                     )
             elif kind == "overlap":
                 run.setdefault("marker_overlaps", []).append(event["other_run"])
+            elif kind == "effect":
+                run["effect"] = True
+                report.effects_written += 1
         for run in runs.values():
             if "outcome" not in run:
                 run["outcome"] = "killed" if run["pid"] in killed_at else "vanished"
+                if run["job"] == ATOMIC and run["outcome"] == "killed" and "slot" in run:
+                    report.atomic_killed[_killed_where(run, row_status.get(run["id"]))] += 1
             report.outcomes[run["outcome"]] += 1
             if "enter" in run and "leave" not in run:
                 run["leave"] = killed_at.get(run["pid"], float("inf"))
@@ -901,6 +1140,61 @@ class FaultRun:
             ending,
             after_loss,
         )
+
+
+@dataclasses.dataclass
+class Effects:
+    """The atomic job's slots and committed effect rows, checked (``check_effects``)."""
+
+    slots: int = 0
+    succeeded: int = 0
+    rows: int = 0
+    violations: list[str] = dataclasses.field(default_factory=list)
+
+
+def check_effects(
+    runs: Iterable[tuple[int, str, str]], effects: Iterable[tuple[str, str, str, int]]
+) -> Effects:
+    """Check the atomic job's committed effects against its ledger rows: in each slot, as
+    many effect rows as succeeded rows (so one if the slot succeeded, none otherwise), each
+    one written by the slot's succeeded run; no effect of a failed, abandoned or running
+    attempt, or of a run the ledger doesn't know.
+
+    ``runs``: the job's rows, (id, slot, status); ``effects``: (job, slot, run id, pid).
+    """
+    runs, effects = list(runs), list(effects)
+    row = {str(pk): (slot, status) for pk, slot, status in runs}
+    succeeded = collections.Counter(slot for _, slot, status in runs if status == "succeeded")
+    committed = collections.Counter(slot for _, slot, _, _ in effects)
+    slots = {slot for _, slot, _ in runs} | set(committed)
+    result = Effects(len(slots), len(succeeded), len(effects))
+    for slot in sorted(slots):
+        if committed[slot] != succeeded[slot]:
+            result.violations.append(
+                f"{ATOMIC} slot {slot}: {committed[slot]} effect row(s) committed, "
+                f"{succeeded[slot]} succeeded row(s)"
+            )
+    for job, slot, run, pid in sorted(effects):
+        where = f"{job} slot {slot}: the effect row of run {run} (pid {pid})"
+        if run not in row:
+            result.violations.append(f"{where} is committed, but the run has no ledger row")
+        elif row[run][1] != "succeeded":
+            result.violations.append(f"{where} is committed, but the run is {row[run][1]}")
+        elif row[run][0] != slot:
+            result.violations.append(f"{where} is committed, but the run's slot is {row[run][0]}")
+    return result
+
+
+def _killed_where(run: dict[str, Any], status: str | None) -> str:
+    """Where a SIGKILLed atomic run was, from its log (read before the kill's time is put in
+    as its end) and its row."""
+    if "enter" not in run:
+        return "before the body"
+    if "leave" not in run:
+        return "in the body, after its write" if run.get("effect") else "in the body"
+    if status == "succeeded":
+        return "after the commit"
+    return "between the body and the commit"
 
 
 def _describe(run: dict[str, Any]) -> str:

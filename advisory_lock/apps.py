@@ -14,8 +14,11 @@ class AdvisoryLockConfig(AppConfig):
         from advisory_lock import metrics
         from advisory_lock.holds import connection_reopened
         from advisory_lock.holds import release_leftovers
+        from advisory_lock.tasks import connect_start_signals
 
         request_finished.connect(release_leftovers, dispatch_uid="advisory_lock.leftovers")
         metrics.configure()
         setting_changed.connect(metrics.configure, dispatch_uid="advisory_lock.metrics")
         connection_created.connect(connection_reopened, dispatch_uid="advisory_lock.reopened")
+        # A worker clears the pending marks of enqueue_unique() as it starts their tasks.
+        connect_start_signals()

@@ -26,6 +26,7 @@ writes, so that its success commits with them or not at all.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
 import threading
@@ -48,6 +49,7 @@ from django.db import transaction
 from django.db.models import Case
 from django.db.models import Value
 from django.db.models import When
+from django.db.models.functions import Concat
 
 from advisory_lock import metrics
 from advisory_lock.backends import driver_error_is_outage
@@ -129,6 +131,9 @@ class JobRun(models.Model):
         SUCCEEDED = "succeeded", "succeeded"
         FAILED = "failed", "failed"
         ABANDONED = "abandoned", "abandoned"
+        #: A scheduled task entry's slot: its task was handed to the queue (``task_id``);
+        #: the scheduler records its end when the queue tells.
+        ENQUEUED = "enqueued", "enqueued"
 
     job_name = models.CharField(max_length=200)
     period = models.CharField(max_length=64, help_text="The run's slot, e.g. 2026-11-29.")
@@ -143,6 +148,9 @@ class JobRun(models.Model):
     lock_key = models.TextField(
         blank=True,
         help_text="The lock guarding the run (its key's identity); free means abandoned.",
+    )
+    task_id = models.CharField(
+        max_length=255, blank=True, help_text="An enqueued slot's task, as its queue names it."
     )
     # At most one success per slot, checked by the database whoever writes the row (the ORM,
     # QuerySet.update(), raw SQL): this column is 1 on a succeeded row and NULL on any other,
@@ -342,12 +350,28 @@ def _claim(
             if not _abandon_if_orphaned(using, latest, held, still_held):
                 return None, latest
             latest.status = Status.ABANDONED
-        if latest.status == Status.SUCCEEDED or not retry_failed:
-            return None, latest
+        if latest.status in (Status.SUCCEEDED, Status.ENQUEUED) or not retry_failed:
+            return None, latest  # done, or handed to a task queue that will say how it ends
         if max_attempts is not None and latest.attempt >= max_attempts:
             return None, latest  # out of attempts
         attempt = latest.attempt + 1
     return None, deciding_attempt(attempts)
+
+
+def _while(using: str, run: JobRun, status: str) -> models.QuerySet[JobRun]:
+    """The row of ``run`` while its status is ``status``: the fence of the ledger's writes.
+
+    The row is found by its primary key alone: its status is compared through an expression
+    (``CONCAT(status, '')``) that no index can serve. Compared as a column, MariaDB's
+    optimizer reads ``id = ... AND status = 'running'`` through job_runs_status_started_idx
+    when few rows are running (EXPLAIN: ``range`` on that index), and InnoDB keeps a lock on
+    every index entry a locking read or UPDATE has read until its transaction ends: an
+    atomic run's transaction, which updates its row first, would then hold the entries of
+    the other running rows, blocking their fenced ends and deadlocking them (error 1213).
+    Through the primary key an UPDATE locks its own row only.
+    """
+    rows = JobRun.objects.using(using).alias(fenced_status=Concat("status", Value("")))
+    return rows.filter(pk=run.pk, fenced_status=status)
 
 
 def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
@@ -362,8 +386,16 @@ def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
     return attempts.order_by(models.F("succeeded").desc(nulls_last=True), "-attempt").first()
 
 
-def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = None) -> None:
-    """Record the end of ``run``: succeeded, or failed with the (end of the) traceback.
+def finish(
+    using: str,
+    run: JobRun,
+    *,
+    error: str = "",
+    timeout: float | None = None,
+    task_id: str | None = None,
+) -> None:
+    """Record the end of ``run``: succeeded, or failed with the (end of the) traceback; with
+    ``task_id``, ``enqueued`` (a task entry's slot, handed to its queue).
 
     Fenced: only while its row is still ``running``. A run whose row was taken over (marked
     abandoned because its lock was found free) raises ``LockLost`` and writes nothing. A
@@ -373,13 +405,15 @@ def finish(using: str, run: JobRun, *, error: str = "", timeout: float | None = 
     ``timeout``: give up (TimeoutError) if the database has not answered by then. The lock a
     bare ``claim()`` took for the run is released.
     """
-    status = Status.FAILED if error else Status.SUCCEEDED
+    status = Status.FAILED if error else Status.SUCCEEDED if task_id is None else Status.ENQUEUED
     refused: list[str] = []  # why the success could not be recorded, if it could not
 
     def record() -> int:
         now = inspector_for(connections[using]).database_now()
-        running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
-        end = {"finished_at": now, "duration": now - run.started_at}
+        running = _while(using, run, Status.RUNNING)
+        end: dict[str, Any] = {"finished_at": now, "duration": now - run.started_at}
+        if status == Status.ENQUEUED:
+            end = {"task_id": task_id}  # it ends when its task does
         try:
             # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) a refused
             # UPDATE must not doom it (PostgreSQL aborts it on any error): a savepoint.
@@ -439,25 +473,29 @@ def lock_running_row(using: str, run: JobRun) -> None:
     waiting for it up to the connection's busy timeout (the ``timeout`` option, 5 seconds by
     default), and keeps it, and so the whole file, until it ends.
     """
-    running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+    running = _while(using, run, Status.RUNNING)
     if not running.update(status=Status.RUNNING):
         raise LockLost(_taken_over(run))
 
 
-def succeed_in_transaction(using: str, run: JobRun) -> None:
-    """Record ``run`` succeeded in the caller's transaction on ``using``, whose first
-    statement was ``lock_running_row(using, run)``: the mark commits with the job's writes,
-    or not at all. Fenced as ``finish()``: ``LockLost`` if the run is no longer its slot's
-    running attempt or its lock is lost, ``SlotAlreadySucceeded`` if the database refuses a
-    second success in the slot; the caller then rolls the transaction back."""
+def succeed_in_transaction(using: str, run: JobRun, task_id: str | None = None) -> None:
+    """Record ``run`` succeeded (with ``task_id``: enqueued) in the caller's transaction on
+    ``using``, whose first statement was ``lock_running_row(using, run)``: the mark commits
+    with the job's writes (a task queue's on that database: the enqueued task), or not at
+    all. Fenced as ``finish()``: ``LockLost`` if the run is no longer its slot's running
+    attempt or its lock is lost, ``SlotAlreadySucceeded`` if the database refuses a second
+    success in the slot; the caller then rolls the transaction back."""
     now = inspector_for(connections[using]).database_now()
-    running = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
-    end = {"finished_at": now, "duration": now - run.started_at}
+    running = _while(using, run, Status.RUNNING)
+    end: dict[str, Any] = {"finished_at": now, "duration": now - run.started_at}
+    status = Status.SUCCEEDED
+    if task_id is not None:
+        status, end = Status.ENQUEUED, {"task_id": task_id}
     try:
         # A savepoint: PostgreSQL answers nothing more in a transaction that a failed
         # statement aborted, and the refusal's message names the slot's success.
         with transaction.atomic(using=using):
-            updated = running.update(status=Status.SUCCEEDED, error="", **end)
+            updated = running.update(status=status, error="", **end)
     except IntegrityError:
         success = (
             JobRun.objects.using(using)
@@ -498,7 +536,7 @@ def assert_current(run: JobRun, using: str | None = None) -> None:
     commit (SELECT ... FOR UPDATE), so the check holds for the writes made in the transaction:
     nobody can take the run over before they are committed."""
     using = using or router.db_for_write(JobRun, instance=run)
-    rows = JobRun.objects.using(using).filter(pk=run.pk, status=Status.RUNNING)
+    rows = _while(using, run, Status.RUNNING)
     if connections[using].in_atomic_block:
         rows = rows.select_for_update()
     if not rows.exists():
@@ -546,9 +584,7 @@ def _abandon_if_orphaned(
 ) -> bool:
     """Mark a running ``run`` abandoned if its lock proves its owner gone; True if marked."""
     marked = is_orphaned(using, run, held, still_held) and bool(
-        JobRun.objects.using(using)
-        .filter(pk=run.pk, status=Status.RUNNING)
-        .update(status=Status.ABANDONED)
+        _while(using, run, Status.RUNNING).update(status=Status.ABANDONED)
     )
     if marked and metrics.recorder is not None:
         vendor = connections[using].vendor
@@ -691,6 +727,36 @@ def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
     return value
 
 
+def end_enqueued(
+    using: str,
+    run: JobRun,
+    *,
+    succeeded: bool,
+    error: str = "",
+    finished_at: datetime.datetime | None = None,
+) -> bool:
+    """Record the end of an enqueued slot's task (the queue said how it ended): succeeded,
+    or failed with ``error``; ``finished_at`` by the queue's clock if it said, else the
+    database's. Fenced: only while the row is still ``enqueued`` (another scheduler may have
+    recorded it first); True if this call did."""
+
+    def record() -> int:
+        end = finished_at or inspector_for(connections[using]).database_now()
+        return (
+            _while(using, run, Status.ENQUEUED).update(
+                status=Status.SUCCEEDED if succeeded else Status.FAILED,
+                finished_at=end,
+                duration=max(end - run.started_at, datetime.timedelta(0)),
+                error="" if succeeded else (error or "The task failed.")[-MAX_ERROR_LENGTH:],
+            )
+        )
+
+    recorded = bool(write(using, record))
+    if recorded:
+        record_job_run("succeeded" if succeeded else "failed", run.job_name, using, run)
+    return recorded
+
+
 def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
     """Mark the slot's running rows whose lock is free failed, with ``error``: their run's
     process died before it could say (the scheduler knows how it ended)."""
@@ -704,9 +770,7 @@ def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
             if is_orphaned(using, run, None):
                 now = inspector_for(connections[using]).database_now()
                 marked += (
-                    JobRun.objects.using(using)
-                    .filter(pk=run.pk, status=Status.RUNNING)
-                    .update(
+                    _while(using, run, Status.RUNNING).update(
                         status=Status.FAILED,
                         finished_at=now,
                         duration=now - run.started_at,

@@ -78,7 +78,9 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
     rows = JobRun.objects.using(using).order_by()
     now = inspector_for(connections[using]).database_now()
     old = rows.filter(started_at__lt=now - older_than)
-    running = set(old.filter(status=JobRun.Status.RUNNING).values_list("pk", flat=True))
+    # Running and enqueued runs have not ended (an enqueued slot ends when its task does).
+    unended = [JobRun.Status.RUNNING, JobRun.Status.ENQUEUED]
+    running = set(old.filter(status__in=unended).values_list("pk", flat=True))
     jobs = set(old.values_list("job_name", flat=True).distinct())
     schedule: dict[str, Entry] = {}
     with contextlib.suppress(ValueError):  # a bad schedule is the system checks' to report
@@ -93,7 +95,7 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
             keep.setdefault(pk, reason)
     for pk in _caught_up(old, jobs, keep, schedule.values()):  # from the rows kept above
         keep.setdefault(pk, CLAIMABLE)
-    finished = old.exclude(status=JobRun.Status.RUNNING)
+    finished = old.exclude(status__in=unended)
     counts = dict.fromkeys((CLAIMABLE, LATEST_SUCCESS, CHECKED), 0)
     for pk in finished.filter(pk__in=list(keep)).values_list("pk", flat=True):
         counts[keep[pk]] += 1

@@ -1,17 +1,20 @@
 """The schedule: ``ADVISORY_LOCK["SCHEDULE"]``, its entries and their slots.
 
 An entry runs a management command (``command``, optional ``args``) or an importable callable
-(``callable``), on a cron expression (``cron``, five fields, in the ledger's time zone) or every
-``every`` seconds (the multiples of ``every`` since the Unix epoch). Each firing time is a slot
-of the ``job_runs`` ledger: job name = the entry's name, period = the slot's start in ISO 8601
-in the ledger's time zone (with seconds when ``every`` is below a minute, and the UTC offset
-in the hour that repeats when DST ends), so that it succeeds at most once fleet-wide.
+(``callable``), or enqueues a task (``task``: a ``django.tasks`` or Celery task, optional
+JSON-serialisable ``args`` and ``kwargs``; see ``advisory_lock.queues``), on a cron expression
+(``cron``, five fields, in the ledger's time zone) or every ``every`` seconds (the multiples
+of ``every`` since the Unix epoch). Each firing time is a slot of the ``job_runs`` ledger: job
+name = the entry's name, period = the slot's start in ISO 8601 in the ledger's time zone (with
+seconds when ``every`` is below a minute, and the UTC offset in the hour that repeats when DST
+ends), so that it succeeds (or is enqueued) at most once fleet-wide.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from django.utils.module_loading import import_string
 from advisory_lock.conf import get_setting
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import ledger_time_zone
+from advisory_lock.queues import queue_for
 from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_seconds
 
@@ -29,6 +33,8 @@ OPTIONS = (
     "command",
     "args",
     "callable",
+    "task",
+    "kwargs",
     "cron",
     "every",
     "catch_up",
@@ -51,8 +57,11 @@ class Entry:
 
     name: str
     command: str | None = None
-    args: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
     callable: str | None = None
+    #: A task to enqueue (its dotted path), with ``args`` and ``kwargs``.
+    task: str | None = None
+    kwargs: tuple[tuple[str, Any], ...] = ()
     cron: str | None = None
     every: float | None = None
     catch_up: str = "latest"
@@ -108,7 +117,13 @@ class Entry:
         return name + local.strftime("%z") if local.fold else name
 
     def target(self) -> Callable[[], Any]:
-        """What a run calls: the command with its arguments, or the callable."""
+        """What a run calls: the command with its arguments, or the callable; for a task,
+        a function that enqueues it and returns its id in the queue."""
+        if self.task is not None:
+            task = import_string(self.task)
+            queue = queue_for(task)
+            task_args, task_kwargs = list(self.args), dict(self.kwargs)
+            return lambda: queue.enqueue(task, task_args, task_kwargs)
         if self.command is not None:
             from django.core.management import call_command
 
@@ -135,6 +150,8 @@ def _entry(name: str, options: dict[str, Any]) -> Entry:
         command=options.get("command"),
         args=tuple(options.get("args", ())),
         callable=options.get("callable"),
+        task=options.get("task"),
+        kwargs=tuple(options.get("kwargs", {}).items()),
         cron=options.get("cron"),
         every=float(options["every"]) if "every" in options else None,
         catch_up=options.get("catch_up", "latest"),
@@ -174,15 +191,20 @@ def entry_problems(name: object, options: object) -> list[str]:
             f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
             f"{', '.join(OPTIONS)}."
         )
-    if ("command" in options) == ("callable" in options):
-        problems.append(f"{where} needs exactly one of 'command' and 'callable'.")
+    targets = [key for key in ("command", "callable", "task") if key in options]
+    if len(targets) != 1:
+        problems.append(f"{where} needs exactly one of 'command', 'callable' and 'task'.")
     elif "command" in options:
         problems += _command_problems(where, options)
+    elif "task" in options:
+        problems += _task_problems(where, options)
     elif not _importable(options["callable"]):
         problems.append(
             f"{where}['callable'] = {options['callable']!r} can't be imported (a dotted path "
             f"to a function, e.g. 'feeds.jobs.poll')."
         )
+    if "kwargs" in options and "task" not in options:
+        problems.append(f"{where}['kwargs'] goes with 'task' only.")
     if ("cron" in options) == ("every" in options):
         problems.append(f"{where} needs exactly one of 'cron' and 'every'.")
     elif "cron" in options:
@@ -233,6 +255,37 @@ def _command_problems(where: str, options: dict[str, Any]) -> list[str]:
     args = options.get("args", [])
     if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
         problems.append(f"{where}['args'] must be a list of strings, not {args!r}.")
+    return problems
+
+
+def _task_problems(where: str, options: dict[str, Any]) -> list[str]:
+    path = options["task"]
+    try:
+        task = import_string(path) if isinstance(path, str) else None
+    except ImportError:
+        task = None
+    if task is None:
+        return [
+            f"{where}['task'] = {path!r} can't be imported (a dotted path to a django.tasks "
+            f"or Celery task, e.g. 'billing.tasks.send_invoices')."
+        ]
+    try:
+        queue_for(task)
+    except TypeError as error:
+        return [f"{where}['task'] = {path!r}: {error}"]
+    problems = []
+    args, kwargs = options.get("args", []), options.get("kwargs", {})
+    if not isinstance(args, list | tuple):
+        problems.append(f"{where}['args'] must be a list, not {args!r}.")
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        problems.append(f"{where}['kwargs'] must be a dict with str keys, not {kwargs!r}.")
+    try:
+        json.dumps([args, kwargs])
+    except (TypeError, ValueError) as error:
+        problems.append(
+            f"{where}: a task's 'args' and 'kwargs' must be JSON-serialisable (a queue "
+            f"stores them): {error}."
+        )
     return problems
 
 

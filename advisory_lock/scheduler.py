@@ -49,6 +49,7 @@ from typing import Any
 
 from django.db import connections
 from django.db import utils
+from django.utils.module_loading import import_string
 
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
@@ -58,11 +59,14 @@ from advisory_lock.control import pauses
 from advisory_lock.control import pending_requests
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import deciding_attempt
+from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
 from advisory_lock.ledger import is_orphaned
 from advisory_lock.ledger import mark_abandoned
 from advisory_lock.liveness import POLL_INTERVAL
 from advisory_lock.liveness import Heartbeat
+from advisory_lock.queues import ResultsNotStored
+from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 
@@ -72,6 +76,7 @@ Status = JobRun.Status
 SKIPPED = 3
 _LOOP = 0.2  # seconds between two looks at the clock while idle
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
+_FOLLOWED = 100  # enqueued slots of an entry asked about per poll, oldest first
 _RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
 #: The longest wait, in seconds, between two tries of a scheduler while the database is out
 #: of reach: a scheduler is back at most this long after its database.
@@ -117,6 +122,8 @@ class Scheduler:
         self._outage_since: float | None = None
         self._retry_in = 0.0
         self.heartbeat = Heartbeat(using)
+        # Task entries whose queue keeps no results: their slots stay enqueued.
+        self._no_results: set[str] = set()
 
     # Running.
 
@@ -136,6 +143,7 @@ class Scheduler:
                     if time.monotonic() >= next_poll:
                         self.heartbeat.beat()
                         self.start_requested()
+                        self.follow_tasks()
                         next_poll = time.monotonic() + POLL_INTERVAL
                     if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
                         self.sweep()
@@ -238,6 +246,47 @@ class Scheduler:
         for request in pending_requests(self.using, idle, self.now()):
             if request.job_name not in self.children:
                 self.start(self.entries[request.job_name], request.slot, manual=True)
+
+    def follow_tasks(self) -> None:
+        """Record the end of the enqueued slots whose task has ended, as their queue tells
+        (a queue that stores results); a queue that can't answer now is asked again at the
+        next poll."""
+        for name, entry in self.entries.items():
+            if entry.task is None or name in self._no_results:
+                continue
+            enqueued = JobRun.objects.using(self.using).filter(
+                job_name=name, status=Status.ENQUEUED
+            )
+            runs = list(enqueued.order_by("started_at")[:_FOLLOWED])
+            if not runs:
+                continue
+            task = import_string(entry.task)
+            queue = queue_for(task)
+            for run in runs:
+                try:
+                    outcome = queue.outcome(task, run.task_id)
+                except ResultsNotStored as why:
+                    self._no_results.add(name)
+                    logger.info("run_jobs: %s: %s; its slots stay enqueued.", name, why)
+                    break
+                except Exception as error:  # the queue's: a broker down, a result gone
+                    logger.warning(
+                        "run_jobs: %s [%s]: the queue did not say how task %s ended: %r",
+                        name,
+                        run.period,
+                        run.task_id,
+                        error,
+                    )
+                    continue
+                if outcome is not None and end_enqueued(
+                    self.using,
+                    run,
+                    succeeded=outcome.succeeded,
+                    error=outcome.error,
+                    finished_at=outcome.finished_at,
+                ):
+                    ended = "succeeded" if outcome.succeeded else "failed"
+                    self.say(f"run_jobs: {name} [{run.period}] task {run.task_id} {ended}.")
 
     def now(self) -> datetime.datetime:
         """The database server's clock."""
@@ -514,7 +563,9 @@ def _child(
         logger.info("%s", run.skipped)
         _exit(SKIPPED)
     try:
-        entry.target()()
+        done = entry.target()()
+        if entry.task is not None:
+            run.enqueued_task_id = done  # the slot's row says which task is its run
     except BaseException as exc:
         run.end(exc)
         logger.error("%s [%s] failed: %r", entry.name, slot, exc)

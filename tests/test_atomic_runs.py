@@ -22,6 +22,8 @@ from django.db import connections
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from advisory_lock import JobRun
 from advisory_lock import LockLost
@@ -424,3 +426,53 @@ def test_a_command_with_lock_ledger_atomic_and_no_ledger_is_a_system_check_error
         [error] = errors()
     assert "atomicapp.atomic_without_ledger" in error.msg and "without a lock_ledger" in error.msg
     assert "lock_ledger" in error.hint
+
+
+@SERVERS
+def test_an_atomic_runs_transaction_does_not_hold_up_other_runs_fenced_ends(ledger, using):
+    # An UPDATE that finds its row by primary key locks that row only (see the next test).
+    ended: dict[str, object] = {}
+
+    def end_the_other_run():
+        try:
+            ledger.finish(other)
+            ended["status"] = JobRun.objects.using(using).get(pk=other.pk).status
+        except Exception as error:  # reported below
+            ended["error"] = error
+
+    with run_once("atomic-job", period="once", using=using, atomic=True):
+        # Claimed once the atomic run's row is locked, when it was the only running row.
+        other = ledger.claim("other-job", period="once")
+        assert other is not None
+        thread = threading.Thread(target=end_the_other_run)
+        thread.start()
+        thread.join(300)  # a guard against a hang: it needs nothing this transaction holds
+        assert not thread.is_alive(), "the other run's end waited for this run's transaction"
+    assert ended == {"status": SUCCEEDED}, ended
+    assert attempts(ledger, "atomic-job") == [(1, SUCCEEDED)]
+
+
+@pytest.mark.parametrize("using", ["mysql"], indirect=True)
+def test_the_fence_finds_the_row_by_its_primary_key_alone(ledger, using):
+    # Regression (MariaDB; the randomized fault run's deadlocks, error 1213): the fence
+    # compared status as a column, and with one running row MariaDB reads "id = ... AND
+    # status = 'running'" through job_runs_status_started_idx, whose entries InnoDB keeps
+    # locked until the transaction ends: an atomic run's transaction, whose first statement
+    # is that UPDATE, held other running rows' entries, blocking their ends and deadlocking.
+    started = timezone.now()
+    ledger.bulk_create(
+        JobRun(job_name="history", period=str(day), status=SUCCEEDED, started_at=started)
+        for day in range(500)
+    )
+    run = ledger.claim("the-only-running-run", period="once")
+    assert run is not None and ledger.filter(status=RUNNING).count() == 1
+    with transaction.atomic(using=using):
+        with CaptureQueriesContext(connections[using]) as queries:
+            ledger_module.lock_running_row(using, run)
+    [update] = [query["sql"] for query in queries if query["sql"].startswith("UPDATE")]
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"EXPLAIN {update}")
+        columns = [column[0] for column in cursor.description]
+        plan = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    assert [step["key"] for step in plan] == ["PRIMARY"], plan
+    ledger.finish(run)

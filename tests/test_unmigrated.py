@@ -28,8 +28,8 @@ from tests.probes import is_free
 
 ALIAS = "unmigrated"
 NOT_MIGRATED = (
-    "The ledger's tables (job_controls, job_runs, job_schedulers) do not all exist on database "
-    "{alias!r}"
+    "The ledger's tables (job_controls, job_runs, job_schedulers, task_pending) do not all "
+    "exist on database {alias!r}"
 )
 MIGRATE_HERE = re.escape(f"Run 'manage.py migrate --database {ALIAS}', then try again.")
 

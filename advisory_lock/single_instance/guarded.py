@@ -132,6 +132,9 @@ class GuardedRun:
         self.atomic = atomic
         #: That transaction, from the end of ``start()`` to ``end()``.
         self._transaction: contextlib.AbstractContextManager[object] | None = None
+        #: Set by the body of a scheduled task entry: the id its queue gave the task. The
+        #: run is then recorded ``enqueued`` with it, not ``succeeded``.
+        self.enqueued_task_id: str | None = None
         #: The run's lock, once ``start()`` returned True.
         self.lock: DedicatedLock | None = None
         self.run: JobRun | None = None
@@ -256,7 +259,8 @@ class GuardedRun:
                     # that a silent network can't hold the process (the row is abandoned
                     # later).
                     timeout = max(2 * self.heartbeat, 1.0) if lock.lost else None
-                    finish(lock.using, self.run, error=error, timeout=timeout)
+                    task_id = self.enqueued_task_id if ended is None else None
+                    finish(lock.using, self.run, error=error, timeout=timeout, task_id=task_id)
                     recorded = True
                 except LockLost as lost_row:
                     problems.append(lost_row)
@@ -357,7 +361,7 @@ class GuardedRun:
         assert run is not None and block is not None
         if exc is None:
             try:
-                succeed_in_transaction(using, run)
+                succeed_in_transaction(using, run, self.enqueued_task_id)
             except Exception as failure:
                 exc = failure
             except BaseException as interrupted:  # KeyboardInterrupt: the run ends here

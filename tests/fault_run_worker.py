@@ -601,13 +601,16 @@ class FaultRun:
         inside = {pid: job for job, pid in self._inside().items()}
         ending = self._ending()
         process = self.processes.pop(pid)
-        at = time.monotonic()  # before the kill: the instance's body ends after this
         if process.poll() is not None:
             rc = process.returncode
-            self.events.append({"t": at, "event": "exited", "pid": pid, "rc": rc})
+            self.events.append({"t": time.monotonic(), "event": "exited", "pid": pid, "rc": rc})
             return
         process.send_signal(signal.SIGKILL)
         process.wait()
+        # Once reaped: its critical section surely ended by then (until then another
+        # instance's marker check still finds it alive), so the logs' overlaps and the
+        # markers' agree. The time of the signal would end its section too early.
+        at = time.monotonic()
         with contextlib.suppress(FileNotFoundError):  # its pid may be used again
             (self.directory / "ending" / str(pid)).unlink()
         self.events.append(

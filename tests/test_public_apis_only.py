@@ -30,6 +30,7 @@ PRIVATE_ATTRIBUTES = {
     "_get_running_loop": "asyncio's private loop lookup",
     "_mysql": "mysqlclient's C module",
     "_wrapped": "Django's LazyObject internals",
+    "_called_from_command_line": "Django's BaseCommand internals (run_from_argv is public)",
     "error_from_result": "psycopg's private error factory",
 }
 #: Dotted names (and everything under them) that are internal to their package.

@@ -59,6 +59,14 @@ class SingleInstanceMixin:
 
     #: The lock of the running command (None before and after the run).
     lock: DedicatedLock | None = None
+    #: Run by ``manage.py`` / ``django-admin`` (``run_from_argv``), not by ``call_command``.
+    _from_argv = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """What manage.py and django-admin call (Django's documented entry point): then a
+        skipped run exits with the busy status, and a lost lock is a ``CommandError``."""
+        self._from_argv = True
+        super().run_from_argv(argv)  # type: ignore[misc]
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
         parser = super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc]
@@ -105,7 +113,7 @@ class SingleInstanceMixin:
         if not started:
             return self._skip(guarded.skipped, options)
         self.lock = guarded.lock
-        from_command_line = getattr(self, "_called_from_command_line", False)
+        from_command_line = self._from_argv
         try:
             try:
                 result = super().execute(*args, **options)  # type: ignore[misc]
@@ -124,7 +132,7 @@ class SingleInstanceMixin:
     def _skip(self, message: str, options: dict[str, Any]) -> None:
         """Say why the command did not run, then exit with the busy status."""
         OutputWrapper(options.get("stderr") or sys.stderr).write(message)
-        if getattr(self, "_called_from_command_line", False):
+        if self._from_argv:
             if self.lock_busy_exit_code:
                 raise SystemExit(self.lock_busy_exit_code)
             return

@@ -418,7 +418,7 @@ def finish(
             # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) a refused
             # UPDATE must not doom it (PostgreSQL aborts it on any error): a savepoint.
             with _savepoint_if_in_transaction(using):
-                updated = running.update(status=status, error=error[-MAX_ERROR_LENGTH:], **end)
+                updated = running.update(status=status, error=storable_error(error), **end)
         except IntegrityError:
             # The UPDATE changes no column of the (job, slot, attempt) constraint: only the
             # one-success-per-slot index can refuse it, for a success, when another row of
@@ -628,6 +628,17 @@ def describe_taken(taken: JobRun | None) -> str:
     return f"slot {taken.period} is {taken.status} (attempt {taken.attempt} on {taken.host})"
 
 
+def storable_error(text: str) -> str:
+    """The end of a traceback (its last ``MAX_ERROR_LENGTH`` characters) as every database
+    can store it: PostgreSQL's text refuses NUL ("invalid byte sequence"), and no driver can
+    encode a lone surrogate (Python's make of bytes that are not UTF-8). Both are written
+    escaped, as ``repr()`` would show them, so that a failure whose message holds one is
+    still recorded."""
+    text = text.replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[-MAX_ERROR_LENGTH:]
+
+
 def format_error(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
@@ -747,7 +758,7 @@ def end_enqueued(
                 status=Status.SUCCEEDED if succeeded else Status.FAILED,
                 finished_at=end,
                 duration=max(end - run.started_at, datetime.timedelta(0)),
-                error="" if succeeded else (error or "The task failed.")[-MAX_ERROR_LENGTH:],
+                error="" if succeeded else storable_error(error or "The task failed."),
             )
         )
 
@@ -774,7 +785,7 @@ def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
                         status=Status.FAILED,
                         finished_at=now,
                         duration=now - run.started_at,
-                        error=error[-MAX_ERROR_LENGTH:],
+                        error=storable_error(error),
                     )
                 )
                 if metrics.recorder is not None:

@@ -328,3 +328,14 @@ def test_job_runs_command_refuses_bad_options(argv):
 
     with pytest.raises(CommandError):
         call_command("job_runs", *argv)
+
+
+def test_a_failure_whose_message_the_database_cant_store_is_recorded_escaped(ledger, using):
+    # Regression: PostgreSQL's text refuses NUL, and no driver encodes a lone surrogate: the
+    # failure's traceback was written as it was, the UPDATE failed, and the run stayed running.
+    with pytest.raises(ValueError, match="bad"):
+        with run_once("unstorable-error", period="once", using=using):
+            raise ValueError("bad \x00 byte, and \udcff")
+    [run] = ledger.filter(job_name="unstorable-error")
+    assert run.status == JobRun.Status.FAILED
+    assert "ValueError: bad \\x00 byte, and \\udcff" in run.error

@@ -1,4 +1,6 @@
-"""What tests/test_task_queues.py runs in real worker processes: the task functions (Django
-Tasks in ``tasks``, Celery in ``celery_worker``), what they do (``bodies``), the Celery app's
-configuration (``celery_config``), and the brokers and worker processes (``services``).
+"""What tests/test_task_queues.py and tests/test_enqueue_unique.py run in real worker
+processes: the task functions (Django Tasks in ``tasks``, Celery in ``celery_worker``), what
+they do (``bodies``), the Celery app's configuration (``celery_config``), the brokers and
+worker processes (``services``), and the processes that call ``enqueue_unique`` at once
+(``enqueuers``).
 """

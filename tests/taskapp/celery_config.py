@@ -7,11 +7,18 @@ prefix for every key (queue, unacked messages, results), removed at the end of t
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from celery import Celery
 from kombu import Queue
 
+from tests.taskapp import bodies
+
 #: A queue left behind on RabbitMQ (a killed test) goes away after 10 minutes unused.
 QUEUE_EXPIRES_MS = 600_000
+#: The name of ``unique_hold_task``'s task.
+UNIQUE_HOLD = "advisory_lock_tests.unique_hold"
 
 
 def make_app(broker: str, queue: str) -> Celery:
@@ -38,3 +45,15 @@ def make_app(broker: str, queue: str) -> Celery:
         worker_send_task_events=False,
     )
     return app
+
+
+def unique_hold_task(app: Celery) -> Any:
+    """The task of tests/test_enqueue_unique.py on ``app`` (the worker's, or the test's, which
+    needs the task object itself to call ``enqueue_unique``): say that it started in
+    ``folder/<its id>`` (its pid and time), then run until ``release`` exists."""
+
+    @app.task(name=UNIQUE_HOLD, bind=True, shared=False)
+    def unique_hold(self: Any, folder: str, release: str) -> dict[str, Any]:
+        return bodies.hold(os.path.join(folder, str(self.request.id)), release)
+
+    return unique_hold

@@ -20,8 +20,11 @@ from advisory_lock import LockNotAcquired
 from advisory_lock import single_instance
 from tests.taskapp import bodies
 from tests.taskapp.celery_config import make_app
+from tests.taskapp.celery_config import unique_hold_task
 
 app = make_app(os.environ["ADVISORY_LOCK_TEST_BROKER"], os.environ["ADVISORY_LOCK_TEST_QUEUE"])
+#: The task of tests/test_enqueue_unique.py.
+unique_hold = unique_hold_task(app)
 
 
 @worker_process_init.connect

@@ -23,7 +23,7 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus
     from django_tasks import task
 
-__all__ = ["ONCE_JOB_LABEL", "TaskResultStatus", "hold_job", "once_job"]
+__all__ = ["ONCE_JOB_LABEL", "TaskResultStatus", "hold_job", "once_job", "unique_job"]
 
 #: The ledger's job name of ``once_job``: ``<module>.<qualname>`` of the function.
 ONCE_JOB_LABEL = "tests.taskapp.tasks.once_job"
@@ -47,3 +47,10 @@ def once_job(run: str) -> dict[str, Any]:
     """Work for a moment (long enough for other calls to find the lock busy), once ever."""
     time.sleep(0.3)
     return {"pid": os.getpid()}
+
+
+@task(takes_context=True)
+def unique_job(context: Any, folder: str, release: str) -> dict[str, Any]:
+    """The task of tests/test_enqueue_unique.py: say that it started in ``folder/<its id>``
+    (its pid and time), then run until ``release`` exists. No lock of its own."""
+    return bodies.hold(os.path.join(folder, str(context.task_result.id)), release)

@@ -203,6 +203,9 @@ def _pending_handle(queue: Queue, task: Any, task_id: str) -> Any | None:
         result = task.AsyncResult(task_id)
         conf = task.app.conf
         stored = conf.result_backend and not (task.ignore_result or conf.task_ignore_result)
+        # rpc:// stores nothing: its results are messages to the process that sent the task,
+        # which reading the state here could consume (forked processes share the queue).
+        stored = stored and str(conf.result_backend).partition(":")[0] != "rpc"
         # PENDING: unknown to the backend, so not started (or started without
         # task_track_started and still running); any other state: it started.
         return None if stored and result.state != "PENDING" else result

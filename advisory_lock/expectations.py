@@ -14,7 +14,6 @@ still loading.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ from advisory_lock.periods import check_job_name
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
-from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.schedule import usable_entries
 from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_seconds
 
@@ -99,11 +98,10 @@ def declared_jobs() -> dict[str, Expectation]:
     jobs = dict(_declared_in_code)
     for source in _sources:
         jobs.update((job.job_name, job) for job in source())
-    with contextlib.suppress(ValueError):  # a bad schedule is the system checks' to report
-        for name, entry in schedule_entries().items():
-            if entry.grace is not None:
-                schedule = entry.cron or f"every {entry.every:g}s"
-                jobs[name] = Expectation(name, schedule, entry.grace, entry)
+    for name, entry in usable_entries().items():  # a bad entry hides none of the others
+        if entry.grace is not None:
+            schedule = entry.cron or f"every {entry.every:g}s"
+            jobs[name] = Expectation(name, schedule, entry.grace, entry)
     jobs_setting = get_setting("JOBS")
     for job_name, entry in jobs_setting.items() if isinstance(jobs_setting, dict) else ():
         if not job_problems(job_name, entry):

@@ -26,7 +26,6 @@ a job declared in ``JOBS`` or by a command is always seen.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from advisory_lock.overdue import last_success
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
-from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.schedule import usable_entries
 
 #: Why an old finished run was kept, in the order they are counted.
 CLAIMABLE = "in slots that may still be claimed"
@@ -82,9 +81,7 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
     unended = [JobRun.Status.RUNNING, JobRun.Status.ENQUEUED]
     running = set(old.filter(status__in=unended).values_list("pk", flat=True))
     jobs = set(old.values_list("job_name", flat=True).distinct())
-    schedule: dict[str, Entry] = {}
-    with contextlib.suppress(ValueError):  # a bad schedule is the system checks' to report
-        schedule = schedule_entries()
+    schedule = usable_entries()  # a bad entry is the system checks' to report
     keep: dict[int, str] = {}
     for reason, kept in (
         (CLAIMABLE, _claimable(rows, old, jobs, now, schedule.values())),

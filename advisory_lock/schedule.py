@@ -144,6 +144,17 @@ def entries() -> dict[str, Entry]:
     return found
 
 
+def usable_entries() -> dict[str, Entry]:
+    """The schedule's entries that have no problem (a bad one is the system checks' to
+    report): for the overdue report and pruning, which must not lose every entry to one."""
+    setting = get_setting("SCHEDULE")
+    return {
+        name: _entry(name, options)
+        for name, options in (setting.items() if isinstance(setting, dict) else ())
+        if not entry_problems(name, options)
+    }
+
+
 def _entry(name: str, options: dict[str, Any]) -> Entry:
     return Entry(
         name=name,

@@ -536,6 +536,18 @@ def test_a_scheduled_entry_with_a_grace_is_watched_by_its_firing_times(ledger, u
     assert status == 1 and entry["job"] == "poll"
 
 
+def test_a_bad_schedule_entry_hides_none_of_the_others_from_the_report(ledger, using):
+    # Regression: the report read the schedule as a whole, and one bad entry (a system check
+    # error) left every scheduled entry unwatched.
+    schedule = {
+        "poll": {"callable": "os.getcwd", "every": 3600, "grace": 60},
+        "broken": {"callable": "os.getcwd", "every": 0.5, "grace": 60},
+    }
+    with lock_settings(SCHEDULE=schedule), database_clock(using, at("2026-11-29T10:30+00:00")):
+        status, out = report(using, "--json")
+    assert status == 1 and [entry["job"] for entry in json.loads(out)] == ["poll"]
+
+
 def test_jobs_that_is_not_a_dict_does_not_crash_the_report(using):
     with lock_settings(JOBS=[("example.nightly_report", "daily")]):
         assert report(using)[0] == 0

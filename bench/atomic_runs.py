@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> None:
             f"{spread(medians['atomic'])} | {atomic / plain:.2f} |"
         )
     SQLITE.unlink(missing_ok=True)
+    shutil.rmtree(f"{SQLITE}.locks", ignore_errors=True)  # the SQLite backend's lock files
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -198,6 +199,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(WORK, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,14 @@ class CeleryQueue(Queue):
             raise ResultsNotStored(
                 f"{self.name(task)} stores no result (no result_backend, or ignore_result)"
             )
+        if str(conf.result_backend).partition(":")[0] == "rpc":
+            # rpc:// sends a task's result to the process that sent the task (a slot's job
+            # process, gone), as messages that a reader consumes: another process that asks
+            # is told PENDING, or takes them from a queue it shares by accident.
+            raise ResultsNotStored(
+                f"{self.name(task)} sends its results by rpc://, to the process that enqueued "
+                f"it only (a result_backend that stores them, e.g. Redis, can be followed)"
+            )
         result = task.AsyncResult(task_id)
         state = result.state
         finished_at = result.date_done

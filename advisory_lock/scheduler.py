@@ -124,6 +124,10 @@ class Scheduler:
         self.heartbeat = Heartbeat(using)
         # Task entries whose queue keeps no results: their slots stay enqueued.
         self._no_results: set[str] = set()
+        # Per task entry, the last enqueued row asked about: the next poll goes on from it.
+        self._followed_up_to: dict[str, int] = {}
+        # The enqueued rows whose queue could not answer, said once each.
+        self._unanswered: set[int] = set()
 
     # Running.
 
@@ -249,15 +253,20 @@ class Scheduler:
 
     def follow_tasks(self) -> None:
         """Record the end of the enqueued slots whose task has ended, as their queue tells
-        (a queue that stores results); a queue that can't answer now is asked again at the
-        next poll."""
+        (a queue that stores results); a queue that can't answer now is asked again later.
+        At most ``_FOLLOWED`` slots of an entry a poll, oldest first, each poll going on
+        from where the last one stopped: slots whose task never ends (its worker killed,
+        its result deleted) can't keep the others from being followed."""
         for name, entry in self.entries.items():
             if entry.task is None or name in self._no_results:
                 continue
             enqueued = JobRun.objects.using(self.using).filter(
                 job_name=name, status=Status.ENQUEUED
             )
-            runs = list(enqueued.order_by("started_at")[:_FOLLOWED])
+            after = self._followed_up_to.pop(name, 0)
+            runs = list(enqueued.filter(pk__gt=after).order_by("pk")[:_FOLLOWED])
+            if len(runs) == _FOLLOWED:
+                self._followed_up_to[name] = runs[-1].pk  # else from the oldest again
             if not runs:
                 continue
             task = import_string(entry.task)
@@ -270,13 +279,16 @@ class Scheduler:
                     logger.info("run_jobs: %s: %s; its slots stay enqueued.", name, why)
                     break
                 except Exception as error:  # the queue's: a broker down, a result gone
-                    logger.warning(
-                        "run_jobs: %s [%s]: the queue did not say how task %s ended: %r",
-                        name,
-                        run.period,
-                        run.task_id,
-                        error,
-                    )
+                    if run.pk not in self._unanswered:
+                        self._unanswered.add(run.pk)
+                        logger.warning(
+                            "run_jobs: %s [%s]: the queue did not say how task %s ended: "
+                            "%r (asked again later; said once)",
+                            name,
+                            run.period,
+                            run.task_id,
+                            error,
+                        )
                     continue
                 if outcome is not None and end_enqueued(
                     self.using,
@@ -359,6 +371,10 @@ class Scheduler:
             # Running elsewhere, unless its lock is free (its owner died): then a child's
             # claim marks it abandoned and runs the slot again.
             return latest and last.attempt <= entry.retries and is_orphaned(self.using, last, None)
+        if last.status == Status.ENQUEUED:
+            # Its task is in its queue (a claim would find the slot taken). Not settled: a
+            # task that fails leaves the slot to its retries.
+            return False
         if latest and last.attempt <= entry.retries:
             return True  # failed or abandoned: run it again while it is the latest
         self._settled.add((entry.name, slot))
@@ -412,7 +428,8 @@ class Scheduler:
     def _ended(self, child: Child, exitcode: int | None) -> None:
         run = f"{child.entry.name} [{child.slot}]"
         if exitcode == 0:
-            self.say(f"run_jobs: {run} succeeded.")
+            # A task entry's run ends when its task does (follow_tasks() says how).
+            self.say(f"run_jobs: {run} {'enqueued' if child.entry.task else 'succeeded'}.")
             return
         if exitcode == SKIPPED:
             self.say(f"run_jobs: {run} skipped (running elsewhere, or done).")

@@ -753,13 +753,11 @@ def end_enqueued(
 
     def record() -> int:
         end = finished_at or inspector_for(connections[using]).database_now()
-        return (
-            _while(using, run, Status.ENQUEUED).update(
-                status=Status.SUCCEEDED if succeeded else Status.FAILED,
-                finished_at=end,
-                duration=max(end - run.started_at, datetime.timedelta(0)),
-                error="" if succeeded else storable_error(error or "The task failed."),
-            )
+        return _while(using, run, Status.ENQUEUED).update(
+            status=Status.SUCCEEDED if succeeded else Status.FAILED,
+            finished_at=end,
+            duration=max(end - run.started_at, datetime.timedelta(0)),
+            error="" if succeeded else storable_error(error or "The task failed."),
         )
 
     recorded = bool(write(using, record))
@@ -780,13 +778,11 @@ def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
         for run in running:
             if is_orphaned(using, run, None):
                 now = inspector_for(connections[using]).database_now()
-                marked += (
-                    _while(using, run, Status.RUNNING).update(
-                        status=Status.FAILED,
-                        finished_at=now,
-                        duration=now - run.started_at,
-                        error=storable_error(error),
-                    )
+                marked += _while(using, run, Status.RUNNING).update(
+                    status=Status.FAILED,
+                    finished_at=now,
+                    duration=now - run.started_at,
+                    error=storable_error(error),
                 )
                 if metrics.recorder is not None:
                     vendor = connections[using].vendor

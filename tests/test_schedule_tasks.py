@@ -183,8 +183,13 @@ def kill_group(process: subprocess.Popen) -> None:
 
 def stop(schedulers: Schedulers, fleet: list[subprocess.Popen]) -> str:
     """SIGTERM each scheduler of ``fleet``; each exits 0 once its job processes are done
-    (no new claim after the signal). Returns their output."""
+    (no new claim after the signal). Returns their output. Each is signalled once its
+    heartbeat row is there: its handlers are installed by then (before it runs, SIGTERM's
+    default action would kill a scheduler still starting: status -15)."""
+    beats = SchedulerHeartbeat.objects.using(schedulers.using)
     for process in fleet:
+        mine = beats.filter(pid=process.pid)
+        wait_for(mine.exists, f"{process.pid}'s heartbeat")
         process.send_signal(signal.SIGTERM)
     outputs = []
     for process in fleet:

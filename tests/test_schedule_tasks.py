@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +49,7 @@ from tests.taskapp.services import ensure_redis
 from tests.taskapp.services import forget_redis_keys
 from tests.taskapp.services import missing
 from tests.taskapp.services import start_db_worker
+from tests.taskapp.services import wait_until
 from tests.taskapp.services import worker_env
 from tests.test_scheduler import Schedulers
 from tests.test_scheduler import alive
@@ -75,14 +75,7 @@ def token() -> str:
 
 def wait_for(condition, what: str, timeout: float = HANG) -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.1)
+    return wait_until(condition, timeout, what)
 
 
 def children_of(pid: int) -> list[int]:

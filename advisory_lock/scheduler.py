@@ -168,7 +168,10 @@ class Scheduler:
                 signal.signal(signum, handler)
 
     def run_once(self) -> int:
-        """Run what is due now, wait for it, and return the exit status (1 if a run failed)."""
+        """Run what is due now, wait for it, and return the exit status (1 if a run failed).
+        First, record how the tasks that earlier runs enqueued have ended, as far as their
+        queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late)."""
+        self.follow_tasks()
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
         while any(pending.values()) or self.children:
             for name, slots in pending.items():

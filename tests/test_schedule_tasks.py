@@ -283,6 +283,32 @@ def test_three_schedulers_enqueue_each_slot_once_with_its_mark_through_sigkills(
 
 
 @pytest.mark.parametrize("using", ["postgresql"], indirect=True)  # the scheduler's choice
+def test_run_jobs_once_records_how_the_tasks_of_earlier_runs_ended(
+    using, ledger, schedulers, queue, task_results, tmp_path
+):
+    """A fleet run by cron (``run_jobs --once``) follows its tasks one run late: the next
+    ``--once`` records the end of the task the previous one enqueued, and enqueues nothing
+    more for that slot."""
+    name = "cron-driven"
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    kwargs = {"folder": str(folder), "fail_one_in": 0}
+    schedule = {name: {"task": RECORD, "kwargs": kwargs, "every": long_interval(using)}}
+    rows = ledger.filter(job_name=name)
+    with db_workers(using, queue, tmp_path, count=1):
+        status, out, err = schedulers.once(schedule)
+        assert status == 0, out + err
+        [run] = rows.all()
+        assert run.status == Status.ENQUEUED
+        wait_for(lambda: task_results.filter(status="SUCCESSFUL").exists(), "the task's end")
+        status, out, err = schedulers.once(schedule)
+        assert status == 0, out + err
+    [run] = rows.all()  # the slot was not enqueued again
+    assert run.status == Status.SUCCEEDED and run.finished_at is not None, out + err
+    assert [canonical(result.id) for result in task_results] == [canonical(run.task_id)]
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)  # the scheduler's choice
 def test_a_failed_task_is_enqueued_again_for_its_retries_and_an_enqueued_slot_is_not_rerun(
     using, ledger, schedulers, queue, task_results, tmp_path
 ):

@@ -194,7 +194,9 @@ def entry_problems(name: object, options: object) -> list[str]:
             f"the ledger, and {error}"
         ]
     if not isinstance(options, dict):
-        return [f"{where} must be a dict (command or callable, cron or every), not {options!r}."]
+        return [
+            f"{where} must be a dict (command, callable or task; cron or every), not {options!r}."
+        ]
     problems = []
     unknown = sorted(set(options) - set(OPTIONS), key=str)
     if unknown:

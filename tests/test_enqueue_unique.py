@@ -57,6 +57,7 @@ from tests.taskapp.services import start_celery_worker
 from tests.taskapp.services import start_db_worker
 from tests.taskapp.services import wait_until
 from tests.taskapp.services import worker_env
+from tests.test_task_queues import TasksOn
 
 #: How many processes call ``enqueue_unique`` at once.
 AT_ONCE = 32
@@ -98,19 +99,6 @@ def tasks():
     from tests.taskapp import tasks
 
     return tasks
-
-
-class TasksOn:
-    """A database router: django-tasks-db's table on ``alias``, the database that the workers
-    use as "default", so that the test enqueues where they look."""
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-
-    def db_for_read(self, model: Any, **hints: Any) -> str | None:
-        return self.alias if model._meta.app_label == "django_tasks_database" else None
-
-    db_for_write = db_for_read
 
 
 @pytest.fixture

@@ -267,7 +267,12 @@ class AdvisoryLock:
             return self._take(connection, connection_locks(connection), 0, task)
 
         handle, waited = await acquire_in_turn(
-            attempt, self.release, self._queue_key(), wait=self.wait, timeout=self._timeout
+            attempt,
+            self.release,
+            self,
+            wait=self.wait,
+            timeout=self._timeout,
+            reentrant=self._held_here(),
         )
         self._record(handle, waited)
         if not handle.acquired:
@@ -284,11 +289,23 @@ class AdvisoryLock:
             _innermost.set(handle._outer)
         else:
             handle = _unlink_innermost(self)
-        await release_in_thread(self.release, handle, exc_value, self._queue_key())
+        await release_in_thread(self.release, handle, exc_value, self)
 
-    def _queue_key(self) -> tuple[str, str]:
-        """What an event loop's waiters for this lock queue under."""
-        return self.using, self.lock_key.identity
+    def _held_here(self) -> bool:
+        """Does a block entered in this context (an asyncio task) hold this lock already?
+        An async block is always the task's own: a sync block can't stay open across an
+        ``await``."""
+        handle = _innermost.get()
+        identity = self.lock_key.identity
+        while handle is not None:
+            if (
+                handle.acquired
+                and handle.using == self.using
+                and handle.lock_key.identity == identity
+            ):
+                return True
+            handle = handle._outer
+        return False
 
 
 def advisory_lock(

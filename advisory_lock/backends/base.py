@@ -40,6 +40,8 @@ class LockBackend:
     native_transaction_locks: ClassVar[bool] = False
     #: Locks coordinate processes of this host only (SQLite's file locks).
     single_host: ClassVar[bool] = False
+    #: An async waiter can wait for a release inside the server (``release_wait``).
+    waits_in_server: ClassVar[bool] = False
     #: The longest bounded wait the database accepts, in seconds (None: any finite one).
     max_timeout: ClassVar[float | None] = None
 
@@ -142,6 +144,40 @@ class LockBackend:
     def dedicated_settings(cls, settings_dict: dict[str, Any], label: str) -> dict[str, Any]:
         """Settings for a connection opened for one lock only (never from a pool)."""
         return copy.deepcopy(settings_dict)
+
+    @classmethod
+    def release_wait(cls, connection: BaseDatabaseWrapper) -> ReleaseWait | None:
+        """A connection of its own (a Django connection object, not yet connected) on which
+        an async waiter can wait inside the server for a lock's release; None if this
+        database has no such wait (the waiter polls)."""
+        return None
+
+
+class ReleaseWait:
+    """Waits inside the database server, on a connection of its own, until a lock could be
+    granted: the release itself ends the wait, whoever releases and however (a block's exit,
+    a commit, a rollback, a closed session). The lock is not held when ``wait()`` returns.
+
+    The waiters of several processes that wait this way may be served in the order they
+    came (a line of the database's own); ``leave_line()`` lets the next one be served. Each
+    method blocks its thread, one at a time, except ``interrupt()``, called from another
+    thread while ``wait()`` runs, which makes it return early with an error; ``close()``
+    closes the connection, whose server session then ends (and leaves any line).
+    """
+
+    def wait(self, db_key: Any, *, shared: bool, timeout: float | None) -> bool:
+        """Wait at most ``timeout`` seconds (None: for as long as it takes); True once the
+        lock could be granted in the mode asked for, False when the time ran out."""
+        raise NotImplementedError
+
+    def leave_line(self) -> None:
+        """The waiter took the lock or stops waiting: the next in line may be served."""
+
+    def interrupt(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 #: What a ``Holder``'s ``id`` is: an OS process of this host (SQLite's flock holder), the

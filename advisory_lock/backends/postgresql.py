@@ -61,6 +61,7 @@ from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import LockInspector
 from advisory_lock.backends.base import LockRow
+from advisory_lock.backends.base import ReleaseWait
 from advisory_lock.backends.base import pooler_advice
 from advisory_lock.backends.base import replica_error
 from advisory_lock.exceptions import AdvisoryLockError
@@ -207,6 +208,7 @@ def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, l
 class PostgreSQLBackend(LockBackend):
     vendor = "postgresql"
     native_transaction_locks = True
+    waits_in_server = True
     max_timeout = (2**31 - 1) / 1000  # lock_timeout is a 32-bit number of milliseconds
 
     def __init__(self, connection: Any) -> None:
@@ -348,6 +350,13 @@ class PostgreSQLBackend(LockBackend):
         # and host (the server knows only its own backend pid) and a name.
         options["application_name"] = application_name(label)
         return settings_dict
+
+    @classmethod
+    def release_wait(cls, connection: Any) -> PostgreSQLReleaseWait:
+        settings_dict = cls.dedicated_settings(
+            connection.settings_dict, "async lock waiter (advisory_lock)"
+        )
+        return PostgreSQLReleaseWait(type(connection)(settings_dict, connection.alias))
 
     # Statements.
 
@@ -594,6 +603,87 @@ class PostgreSQLBackend(LockBackend):
         it to us between that client's transactions. Nothing was locked (the guard)."""
         self._pooler_found(_FOREIGN_LOCKS)
         raise NotSupportedError(self.session_lock_problem())
+
+
+class PostgreSQLReleaseWait(ReleaseWait):
+    """An async waiter's wait inside the server (see ``ReleaseWait``), in a line.
+
+    The wait is one statement: first ``pg_advisory_unlock_all()`` (this session holds no
+    other lock: its place in an earlier line goes), then ``pg_advisory_lock(line)``, a session
+    lock on a key of the lock's own (``line_key``), then ``pg_advisory_xact_lock(key)`` in
+    the mode asked for. PostgreSQL evaluates a SELECT's columns in order, queues lock
+    requests first come first served, and refuses a lock, even a try, that conflicts with a
+    request waiting before it. So the async waiters of every process come to the lock one
+    at a time, in the order they came, and while one waits for the lock its request makes
+    other sessions' tries fail as its own would: none can take the lock ahead of the waiters
+    that wait in the server. The transaction-scoped lock goes with the statement's own
+    transaction (autocommit), at once: the waiter then takes the lock on Django's connection
+    and leaves the line. A lock_timeout or a cancel ends the statement with an error, whose
+    rollback undoes the transaction-scoped lock; the line's session lock stays until the
+    next wait, ``leave_line()`` or ``close()``. Nothing else is ever held here.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        # Its statements run in one thread at a time, not always the same one.
+        connection.inc_thread_sharing()
+        #: In the line of this key (True), in none (False), or maybe (None: a wait failed).
+        self.in_line: bool | None = False
+        self.line: int | None = None
+
+    def wait(self, db_key: Any, *, shared: bool, timeout: float | None) -> bool:
+        keys = db_key if isinstance(db_key, tuple) else (db_key,)
+        # 0 means "no limit" to lock_timeout.
+        milliseconds = 0 if timeout is None else max(1, math.ceil(timeout * 1000))
+        lock = f"{_function(xact=True, shared=shared)}({_args(keys)})"
+        line = line_key(db_key)
+        if self.in_line is not True or self.line != line:
+            # A waiter that found the lock taken again by a session that waited before it
+            # keeps its place in the line.
+            lock = f"pg_advisory_unlock_all(), pg_advisory_lock({line}), {lock}"
+        self.in_line, self.line = None, line
+        try:
+            # set_config(..., true) lasts for this statement's transaction; the volatile
+            # sub-select runs first, then the columns, in order.
+            self._raw().execute(
+                f"SELECT {lock} FROM (SELECT set_config('lock_timeout', '{milliseconds}', true))"
+                f" AS _t"
+            )
+        except errors.LockNotAvailable:
+            return False
+        self.in_line = True
+        return True
+
+    def leave_line(self) -> None:
+        if self.in_line is not False:
+            self._raw().execute("SELECT pg_advisory_unlock_all()")
+            self.in_line = False
+
+    def interrupt(self) -> None:
+        raw = self.connection.connection
+        if raw is not None:
+            raw.cancel()  # psycopg: may be called from another thread
+
+    def close(self) -> None:
+        # The driver's close, not Django's (which refuses to run in an event loop's thread):
+        # this connection object is dropped with it.
+        raw = self.connection.connection
+        if raw is not None:
+            raw.close()
+
+    def _raw(self) -> Any:
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        if not raw.autocommit:
+            raw.autocommit = True  # AUTOCOMMIT=False in the settings: each statement its own
+        return raw
+
+
+def line_key(db_key: int | tuple[int, int]) -> int:
+    """The key of the line in which async waiters wait for ``db_key``: a bigint derived from
+    it, as unlikely to be another lock's key as two hashed names are to collide."""
+    digest = hashlib.sha256(f"advisory_lock line {db_key!r}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _begin(raw: Any) -> bytes | None:

@@ -24,6 +24,7 @@ from advisory_lock.conf import get_setting
 from advisory_lock.expectations import job_problems
 from advisory_lock.keys import make_key
 from advisory_lock.metrics import metrics_problem
+from advisory_lock.notifications import listening_problem
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import entry_problems
@@ -174,7 +175,19 @@ def _check_alias(alias: str) -> list[CheckMessage]:
             )
         ]
     messages: list[CheckMessage] = []
-    if problem := backend_class(connection).pool_problem(connection.settings_dict):
+    backend = backend_class(connection)
+    if backend.notifications and get_setting("SCHEDULE") and (problem := listening_problem(alias)):
+        messages.append(
+            Warning(
+                f"run_jobs on database alias {alias!r} can't listen for operators' requests "
+                f"and the ends of runs: {problem}. It polls instead (requests are seen within "
+                f"a second).",
+                hint=f"Set ADVISORY_LOCK['DIRECT_ALIAS'][{alias!r}] to an alias that reaches "
+                "the database without the pooler (or through a session-mode pooler).",
+                id="advisory_lock.W002",
+            )
+        )
+    if problem := backend.pool_problem(connection.settings_dict):
         messages.append(
             Warning(
                 f"Database alias {alias!r}: {problem}",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 from django.db import models
+from django.db import transaction
 from django.db.models import Exists
 from django.db.models import OuterRef
 
@@ -35,6 +36,8 @@ from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.ledger import JobRun
 from advisory_lock.liveness import live_schedulers
 from advisory_lock.liveness import no_scheduler_alive
+from advisory_lock.notifications import CONTROL
+from advisory_lock.notifications import notify
 from advisory_lock.periods import ledger_time_zone
 
 #: A run-now slot's name starts with this.
@@ -130,12 +133,15 @@ def set_paused(using: str, job_name: str, paused: bool, requested_by: str) -> Jo
     """Pause or resume ``job_name``; return the new row, or None if it already was so."""
     if is_paused(using, job_name) == paused:
         return None
-    return JobControl.objects.using(using).create(
-        job_name=job_name,
-        action=Action.PAUSE if paused else Action.RESUME,
-        requested_at=_now(using),
-        requested_by=requested_by,
-    )
+    with transaction.atomic(using=using):
+        switch = JobControl.objects.using(using).create(
+            job_name=job_name,
+            action=Action.PAUSE if paused else Action.RESUME,
+            requested_at=_now(using),
+            requested_by=requested_by,
+        )
+        notify(using, CONTROL, job_name)  # heard when the row is committed
+    return switch
 
 
 def pauses(using: str, job_name: str, since: datetime.datetime) -> list[Pause]:
@@ -178,13 +184,16 @@ def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
             f"requested. Start 'manage.py run_jobs' on an instance, then ask again."
         )
     now = _now(using)
-    return JobControl.objects.using(using).create(
-        job_name=job_name,
-        action=Action.RUN_NOW,
-        requested_at=now,
-        requested_by=requested_by,
-        slot=manual_slot(now),
-    )
+    with transaction.atomic(using=using):
+        request = JobControl.objects.using(using).create(
+            job_name=job_name,
+            action=Action.RUN_NOW,
+            requested_at=now,
+            requested_by=requested_by,
+            slot=manual_slot(now),
+        )
+        notify(using, CONTROL, job_name)  # heard when the row is committed
+    return request
 
 
 def pending_requests(

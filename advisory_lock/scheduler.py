@@ -65,6 +65,10 @@ from advisory_lock.ledger import is_orphaned
 from advisory_lock.ledger import mark_abandoned
 from advisory_lock.liveness import POLL_INTERVAL
 from advisory_lock.liveness import Heartbeat
+from advisory_lock.notifications import ENDED
+from advisory_lock.notifications import LISTENING
+from advisory_lock.notifications import Listening
+from advisory_lock.notifications import notify
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
@@ -104,11 +108,13 @@ class Scheduler:
         *,
         using: str = "default",
         stop_grace: float = 30,
+        poll_interval: float = POLL_INTERVAL,
         say: Callable[[str], None] = print,
     ) -> None:
         self.entries = entries
         self.using = using
         self.stop_grace = stop_grace
+        self.poll_interval = poll_interval
         self.say = say
         self.children: dict[str, Child] = {}
         self.failed = 0
@@ -128,6 +134,10 @@ class Scheduler:
         self._followed_up_to: dict[str, int] = {}
         # The enqueued rows whose queue could not answer, said once each.
         self._unanswered: set[int] = set()
+        # Notifications (PostgreSQL): operators' requests and the ends of runs, heard at once.
+        self.listening = Listening(using)
+        self._poll_now = False  # a request was announced (or may have been, unheard)
+        self._ends: list[str] = []  # entries whose run here ended: to announce
 
     # Running.
 
@@ -138,17 +148,20 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
-        next_sweep = next_poll = 0.0
+        next_sweep = next_poll = next_beat = 0.0
         try:
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
                 try:
                     self.reap()
-                    if time.monotonic() >= next_poll:
+                    if time.monotonic() >= next_beat:
                         self.heartbeat.beat()
+                        next_beat = time.monotonic() + POLL_INTERVAL
+                    if time.monotonic() >= next_poll or self._poll_now:
+                        self._poll_now = False
                         self.start_requested()
                         self.follow_tasks()
-                        next_poll = time.monotonic() + POLL_INTERVAL
+                        next_poll = time.monotonic() + self.poll_interval
                     if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
@@ -156,13 +169,14 @@ class Scheduler:
                 except Exception as error:
                     if not is_outage(error):
                         raise
-                    next_sweep = next_poll = 0.0  # once the database is back (runs were cut)
+                    next_sweep = next_poll = next_beat = 0.0  # once it is back (runs were cut)
                     self._wait(self._outage(error))
                     continue
                 if self._outage_since is not None:
                     self._outage_over()
                 self._wait(_LOOP)
         finally:
+            self.listening.close()
             self.shut_down()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -197,11 +211,28 @@ class Scheduler:
 
     def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, reaping the children meanwhile (their timeouts too, with no
-        database); less if a signal stops the scheduler (a sleep resumes after a handler)."""
+        database); less if a signal stops the scheduler (a sleep resumes after a handler),
+        a child ends, or a notification comes: an operator's request (then the next pass
+        polls the requests at once), or the end of a run of one of our entries elsewhere."""
         until = time.monotonic() + seconds
+        running = len(self.children)
         while not self.stopping and (left := until - time.monotonic()) > 0:
-            time.sleep(min(left, _LOOP / 2))
+            heard = self.listening.wait(min(left, _LOOP / 2))
             self._collect()
+            if self._heard(heard) or len(self.children) < running:
+                return
+
+    def _heard(self, payloads: list[str]) -> bool:
+        """Note what the notifications ask for; True if any concerns this scheduler."""
+        concerns = False
+        for payload in payloads:
+            kind, _, name = payload.partition(":")
+            if payload == LISTENING or (kind != ENDED and name in self.entries):
+                self._poll_now = True  # LISTENING: requests made meanwhile went unheard
+                concerns = True
+            elif name in self.entries:
+                concerns = True  # a run ended elsewhere: a retry, or the next slot, may start
+        return concerns
 
     # Database outages.
 
@@ -404,9 +435,13 @@ class Scheduler:
         self.say(f"run_jobs: {entry.name} [{slot}] started (pid {process.pid}).")
 
     def reap(self) -> None:
-        """Record the runs that ended; stop those past their timeout."""
+        """Record the runs that ended, and announce their ends to the other schedulers;
+        stop those past their timeout."""
         self._collect()
         self._record_deaths()
+        while self._ends:
+            notify(self.using, ENDED, self._ends[0])
+            del self._ends[0]
 
     def _collect(self) -> None:
         """Join the children that ended and say how; stop those past their timeout. No
@@ -430,6 +465,8 @@ class Scheduler:
 
     def _ended(self, child: Child, exitcode: int | None) -> None:
         run = f"{child.entry.name} [{child.slot}]"
+        if exitcode != SKIPPED:
+            self._ends.append(child.entry.name)
         if exitcode == 0:
             # A task entry's run ends when its task does (follow_tasks() says how).
             self.say(f"run_jobs: {run} {'enqueued' if child.entry.task else 'succeeded'}.")

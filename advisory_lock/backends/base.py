@@ -40,6 +40,8 @@ class LockBackend:
     native_transaction_locks: ClassVar[bool] = False
     #: Locks coordinate processes of this host only (SQLite's file locks).
     single_host: ClassVar[bool] = False
+    #: The database delivers notifications between sessions (``notify``, ``listener``).
+    notifications: ClassVar[bool] = False
     #: An async waiter can wait for a release inside the server (``release_wait``).
     waits_in_server: ClassVar[bool] = False
     #: The longest bounded wait the database accepts, in seconds (None: any finite one).
@@ -146,11 +148,39 @@ class LockBackend:
         return copy.deepcopy(settings_dict)
 
     @classmethod
+    def notify(cls, connection: BaseDatabaseWrapper, channel: str, payload: str) -> None:
+        """Send ``payload`` to the listeners of ``channel`` when the connection's current
+        transaction commits (at once in autocommit); nothing where the database has no
+        notifications."""
+
+    @classmethod
+    def listener(cls, connection: BaseDatabaseWrapper, channel: str) -> Listener | None:
+        """A listener for ``channel`` on ``connection`` (a Django connection object of its
+        own, not yet connected); None where the database has no notifications."""
+        return None
+
+    @classmethod
     def release_wait(cls, connection: BaseDatabaseWrapper) -> ReleaseWait | None:
         """A connection of its own (a Django connection object, not yet connected) on which
         an async waiter can wait inside the server for a lock's release; None if this
         database has no such wait (the waiter polls)."""
         return None
+
+
+class Listener:
+    """Receives the notifications of one channel on a connection of its own."""
+
+    def open(self) -> None:
+        """Connect and start listening: notifications sent from now on are received."""
+        raise NotImplementedError
+
+    def receive(self, timeout: float) -> list[str]:
+        """The payloads received within ``timeout`` seconds (none: an empty list, after the
+        whole wait); a ``DatabaseError`` if the connection is lost."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 class ReleaseWait:

@@ -47,16 +47,19 @@ import math
 import os
 import re
 import secrets
+import select
 import socket
 import weakref
 from typing import Any
 from typing import NoReturn
 
+from django.db import DatabaseError
 from psycopg import errors
 from psycopg import pq
 
 from advisory_lock.backends.base import BACKEND_PID
 from advisory_lock.backends.base import Holder
+from advisory_lock.backends.base import Listener
 from advisory_lock.backends.base import Listing
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.backends.base import LockInspector
@@ -209,6 +212,7 @@ class PostgreSQLBackend(LockBackend):
     vendor = "postgresql"
     native_transaction_locks = True
     waits_in_server = True
+    notifications = True
     max_timeout = (2**31 - 1) / 1000  # lock_timeout is a 32-bit number of milliseconds
 
     def __init__(self, connection: Any) -> None:
@@ -350,6 +354,18 @@ class PostgreSQLBackend(LockBackend):
         # and host (the server knows only its own backend pid) and a name.
         options["application_name"] = application_name(label)
         return settings_dict
+
+    @classmethod
+    def notify(cls, connection: Any, channel: str, payload: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+    @classmethod
+    def listener(cls, connection: Any, channel: str) -> PostgreSQLListener:
+        settings_dict = cls.dedicated_settings(
+            connection.settings_dict, "listener (advisory_lock)"
+        )
+        return PostgreSQLListener(type(connection)(settings_dict, connection.alias), channel)
 
     @classmethod
     def release_wait(cls, connection: Any) -> PostgreSQLReleaseWait:
@@ -603,6 +619,50 @@ class PostgreSQLBackend(LockBackend):
         it to us between that client's transactions. Nothing was locked (the guard)."""
         self._pooler_found(_FOREIGN_LOCKS)
         raise NotSupportedError(self.session_lock_problem())
+
+
+class PostgreSQLListener(Listener):
+    """LISTEN on a session of its own. PostgreSQL delivers a notification to every session
+    that listens on its channel when the transaction that sent it commits (never one that
+    rolled back), in the order they committed, and holds them for a session while it is
+    busy; psycopg's documented libpq layer (``pgconn``) reads them as they arrive."""
+
+    def __init__(self, connection: Any, channel: str) -> None:
+        self.connection = connection
+        self.channel = channel
+
+    def open(self) -> None:
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        raw.autocommit = True  # LISTEN takes effect when its transaction commits
+        raw.execute(f'LISTEN "{self.channel}"')
+
+    def receive(self, timeout: float) -> list[str]:
+        raw = self.connection.connection
+        pgconn = raw.pgconn
+        try:
+            payloads = _notifications(pgconn)
+            if not payloads and select.select([raw.fileno()], [], [], timeout)[0]:
+                pgconn.consume_input()  # an error if the server closed the connection
+                payloads = _notifications(pgconn)
+        except errors.Error as error:
+            with self.connection.wrap_database_errors:
+                raise error
+        if pgconn.status != pq.ConnStatus.OK:
+            raise DatabaseError("The listening connection is lost.")
+        return payloads
+
+    def close(self) -> None:
+        raw = self.connection.connection
+        if raw is not None:
+            raw.close()
+
+
+def _notifications(pgconn: Any) -> list[str]:
+    payloads = []
+    while (notification := pgconn.notifies()) is not None:
+        payloads.append(notification.extra.decode())
+    return payloads
 
 
 class PostgreSQLReleaseWait(ReleaseWait):

@@ -18,6 +18,7 @@ from advisory_lock.control import set_paused
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.ledger import table_checked
 from advisory_lock.liveness import LIVE_WITHIN
+from advisory_lock.liveness import POLL_INTERVAL
 from advisory_lock.liveness import live_schedulers
 from advisory_lock.liveness import no_scheduler_alive
 from advisory_lock.schedule import entries
@@ -83,6 +84,17 @@ class Command(BaseCommand):
             help="On SIGTERM, let running jobs finish for this long, then stop them (30).",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="The ledger's alias.")
+        parser.add_argument(
+            "--poll-interval",
+            type=seconds_argument,
+            default=POLL_INTERVAL,
+            metavar="SECONDS",
+            help=(
+                "How often to look for operators' requests and for the ends of enqueued "
+                f"tasks (default {POLL_INTERVAL:g}). On PostgreSQL requests are heard at once "
+                "anyway (LISTEN/NOTIFY): a longer interval costs the database less."
+            ),
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         options["database"] = database_option("--database", options["database"])
@@ -110,6 +122,7 @@ class Command(BaseCommand):
             schedule,
             using=options["database"],
             stop_grace=options["stop_grace"],
+            poll_interval=options["poll_interval"],
             say=self.stdout.write,
         )
         try:

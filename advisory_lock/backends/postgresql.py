@@ -668,56 +668,59 @@ def _notifications(pgconn: Any) -> list[str]:
 class PostgreSQLReleaseWait(ReleaseWait):
     """An async waiter's wait inside the server (see ``ReleaseWait``), in a line.
 
-    The wait is one statement: first ``pg_advisory_unlock_all()`` (this session holds no
-    other lock: its place in an earlier line goes), then ``pg_advisory_lock(line)``, a session
-    lock on a key of the lock's own (``line_key``), then ``pg_advisory_xact_lock(key)`` in
-    the mode asked for. PostgreSQL evaluates a SELECT's columns in order, queues lock
-    requests first come first served, and refuses a lock, even a try, that conflicts with a
-    request waiting before it. So the async waiters of every process come to the lock one
-    at a time, in the order they came, and while one waits for the lock its request makes
-    other sessions' tries fail as its own would: none can take the lock ahead of the waiters
-    that wait in the server. The transaction-scoped lock goes with the statement's own
-    transaction (autocommit), at once: the waiter then takes the lock on Django's connection
-    and leaves the line. A lock_timeout or a cancel ends the statement with an error, whose
-    rollback undoes the transaction-scoped lock; the line's session lock stays until the
-    next wait, ``leave_line()`` or ``close()``. Nothing else is ever held here.
+    A waiter gets in line in a transaction of its own: ``pg_advisory_xact_lock(line)``, a key
+    derived from the lock's (``line_key``), held until ``leave_line()`` commits. In line, each
+    wait is ``pg_advisory_xact_lock(key)`` (shared for a shared lock) in a savepoint that is
+    rolled back as soon as it is granted, which releases it (PostgreSQL releases the locks a
+    rolled-back subtransaction took). PostgreSQL queues lock requests first come, first
+    served, and refuses a request, even a try, that conflicts with one queued before it: so the
+    async waiters of every process come to the lock one at a time, in the order they came, and
+    while one waits for it no newcomer's try takes it ahead of them. A first wait is one round
+    trip (BEGIN, the line, the savepoint, the wait, its rollback in one query string), as is
+    each later one and the commit that leaves the line. A lock_timeout or a cancel aborts the
+    transaction: it is rolled back, which leaves the line. The line is held by a transaction,
+    never by the session, so a transaction-mode pooler keeps it on one server connection and
+    finds nothing left on it afterwards.
     """
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         # Its statements run in one thread at a time, not always the same one.
         connection.inc_thread_sharing()
-        #: In the line of this key (True), in none (False), or maybe (None: a wait failed).
-        self.in_line: bool | None = False
-        self.line: int | None = None
+        self.in_line = False
 
     def wait(self, db_key: Any, *, shared: bool, timeout: float | None) -> bool:
         keys = db_key if isinstance(db_key, tuple) else (db_key,)
-        # 0 means "no limit" to lock_timeout.
+        # 0 means "no limit" to lock_timeout; set_config(..., true) lasts for the transaction.
         milliseconds = 0 if timeout is None else max(1, math.ceil(timeout * 1000))
-        lock = f"{_function(xact=True, shared=shared)}({_args(keys)})"
-        line = line_key(db_key)
-        if self.in_line is not True or self.line != line:
-            # A waiter that found the lock taken again by a session that waited before it
-            # keeps its place in the line.
-            lock = f"pg_advisory_unlock_all(), pg_advisory_lock({line}), {lock}"
-        self.in_line, self.line = None, line
-        try:
-            # set_config(..., true) lasts for this statement's transaction; the volatile
-            # sub-select runs first, then the columns, in order.
-            self._raw().execute(
-                f"SELECT {lock} FROM (SELECT set_config('lock_timeout', '{milliseconds}', true))"
-                f" AS _t"
+        query = (
+            f"SELECT set_config('lock_timeout', '{milliseconds}', true); "
+            f"SAVEPOINT advisory_lock_wait; "
+            f"SELECT {_function(xact=True, shared=shared)}({_args(keys)}); "
+            f"ROLLBACK TO SAVEPOINT advisory_lock_wait"
+        )
+        if not self.in_line:
+            query = query.replace(
+                "SAVEPOINT", f"SELECT pg_advisory_xact_lock({line_key(db_key)}); SAVEPOINT", 1
             )
-        except errors.LockNotAvailable:
-            return False
+            query = f"BEGIN; {query}"
+        raw = self._raw()
+        try:
+            raw.execute(query)
+        except errors.Error as error:
+            self.in_line = False
+            if raw.pgconn.transaction_status == _INERROR:
+                raw.execute("ROLLBACK")  # out of the line
+            if isinstance(error, errors.LockNotAvailable):
+                return False
+            raise
         self.in_line = True
         return True
 
     def leave_line(self) -> None:
-        if self.in_line is not False:
-            self._raw().execute("SELECT pg_advisory_unlock_all()")
+        if self.in_line:
             self.in_line = False
+            self._raw().execute("COMMIT")
 
     def interrupt(self) -> None:
         raw = self.connection.connection
@@ -735,7 +738,7 @@ class PostgreSQLReleaseWait(ReleaseWait):
         self.connection.ensure_connection()
         raw = self.connection.connection
         if not raw.autocommit:
-            raw.autocommit = True  # AUTOCOMMIT=False in the settings: each statement its own
+            raw.autocommit = True  # AUTOCOMMIT=False in the settings: its BEGIN is ours
         return raw
 
 

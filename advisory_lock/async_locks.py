@@ -67,13 +67,6 @@ _Queues = dict[QueueKey, _Queue]
 _queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queues] = (
     weakref.WeakKeyDictionary()
 )
-#: Per event loop, the locks whose last try found them busy, with how many acquisitions
-#: may still skip the first try (then a try again: the contention may be over).
-_contended: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[QueueKey, int]] = (
-    weakref.WeakKeyDictionary()
-)
-_CONTENDED_WAITS = 16
-_CONTENDED_KEYS = 1024
 
 
 async def acquire_in_turn(
@@ -97,7 +90,8 @@ async def acquire_in_turn(
     started = loop.time()
     deadline = None if timeout is None else started + timeout
     queue_key = queue_key_of(lock)
-    contended = _contended.setdefault(loop, {})
+    queues = _queues.setdefault(loop, {})
+    queue = queues.get(queue_key)
 
     def undo(handle: LockHandle) -> None:
         release(handle, None)
@@ -105,27 +99,17 @@ async def acquire_in_turn(
     async def try_once() -> LockHandle:
         return await _to_the_end(attempt, undo=undo)
 
-    # A free lock costs one try and no queue. A lock whose last try here found it busy is
-    # waited for in the server without a try first (where the database has such waits):
-    # a try would take it ahead of the waiters of other processes, in the moment between
-    # the release and their own try.
-    skip_try = (
-        wait
-        and contended.get(queue_key, 0) > 0
-        and not reentrant
-        and server_waits_available(lock.using)
-    )
-    if skip_try:
-        contended[queue_key] -= 1
-        handle = None
-    else:
+    # A free lock costs one try and no queue. While tasks of this loop wait for the lock in
+    # the server (where the database has such waits), a newcomer queues behind them without
+    # a try, unless it holds the lock already: a try would take it ahead of them (and of the
+    # waiters of other processes), in the moment between a release and their own try.
+    skip_try = wait and queue is not None and not reentrant and server_waits_available(lock.using)
+    handle = None
+    if not skip_try:
         handle = await try_once()
         if handle.acquired or not wait or (deadline is not None and loop.time() >= deadline):
             return handle, loop.time() - started
-        if len(contended) < _CONTENDED_KEYS:
-            contended[queue_key] = _CONTENDED_WAITS
-    queues = _queues.setdefault(loop, {})
-    queue = queues.get(queue_key)
+        queue = queues.get(queue_key)  # the try let other tasks run
     if queue is None:
         queue = queues[queue_key] = _Queue(lock)
     turn = asyncio.Event()

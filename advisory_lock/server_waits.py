@@ -18,7 +18,9 @@ tries.
 - A failed connection or wait is closed, and the alias's waiters poll for ``RETRY_AFTER``
   seconds before a new connection is tried: a server that is down is not hammered.
 - A waiter cancelled while it waits interrupts the server's wait (the driver's cancel, sent
-  from another thread: it makes a round trip), and the connection is closed after it.
+  from another thread: it makes a round trip, and again every ``INTERRUPT_AGAIN`` seconds
+  until the wait has ended, for a cancel that came before the wait's statement), and the
+  connection is closed after it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ logger = logging.getLogger("advisory_lock")
 
 CONNECTIONS_PER_ALIAS = 4
 RETRY_AFTER = 1.0
+INTERRUPT_AGAIN = 0.1  # seconds between two cancels of a wait that has not ended
 
 _guard = threading.Lock()
 _open: collections.Counter[str] = collections.Counter()  # per alias, under _guard
@@ -79,7 +82,7 @@ class ServerWait:
             free: bool = await asyncio.shield(asyncio.wrap_future(done))
         except asyncio.CancelledError:
             # The driver's cancel makes a round trip: not in the event loop's thread.
-            threading.Thread(target=_interrupt, args=(release_wait,), daemon=True).start()
+            threading.Thread(target=_interrupt, args=(release_wait, done), daemon=True).start()
             self.close()  # after the interrupted wait, in the worker
             raise
         except Exception:
@@ -161,11 +164,15 @@ class _Worker:
                 future.set_exception(error)
 
 
-def _interrupt(release_wait: ReleaseWait) -> None:
-    try:
-        release_wait.interrupt()
-    except Exception:  # the wait ended and its connection closed meanwhile
-        logger.debug("Interrupting an async waiter's wait failed.", exc_info=True)
+def _interrupt(release_wait: ReleaseWait, done: concurrent.futures.Future[Any]) -> None:
+    """Interrupt the wait until it has ended: a cancel that reaches the server before the
+    wait's statement (still connecting, or between two statements) cancels nothing."""
+    while not done.done():
+        try:
+            release_wait.interrupt()
+        except Exception:  # the wait ended and its connection closed meanwhile
+            logger.debug("Interrupting an async waiter's wait failed.", exc_info=True)
+        concurrent.futures.wait([done], timeout=INTERRUPT_AGAIN)
 
 
 def _close(alias: str, release_wait: ReleaseWait, failed: bool) -> None:

@@ -10,8 +10,9 @@ are served in the order they came; a queued waiter makes a newcomer's try fail; 
 or cancelled waiter leaves the server and the line to the next; at most
 ``CONNECTIONS_PER_ALIAS`` waiting connections per process, the other waiters polling; no
 waiting connection is left once the waits end; a task that holds the lock takes it again at
-once. MySQL/MariaDB and SQLite still poll, with no waiting connection. Two defects are
-pinned by strict xfails at the end of the file.
+once. MySQL/MariaDB and SQLite still poll, with no waiting connection. The two tests at the
+end of the file failed before their defects were fixed (a waiter in the line could wait twice
+its timeout; a waiter cancelled while its connection opened waited in the server anyway).
 
 Events are ordered with events: the children's messages on their stdout and the server's
 view; a guard (``ADVISORY_LOCK_SERVER_WAIT_GUARD`` seconds, default 120) only bounds a wait
@@ -872,18 +873,10 @@ def test_elsewhere_an_async_waiter_polls_and_opens_no_waiting_connection(using):
     assert is_free(key, using)
 
 
-# Defects found by the tests below (strict xfails: they pass once the defect is fixed, and
-# then the marker must go).
+# Defects these tests found (fixed: they failed before).
 
 
 @on_postgresql
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Defect: a waiter that waits in the line behind another waiter may wait nearly "
-    "twice its timeout. Its wait in the server sets lock_timeout to the time left, which "
-    "PostgreSQL applies to each lock wait separately: the line's, then the lock's.",
-)
 def test_a_waiter_queued_in_the_line_gives_up_within_its_timeout(using, server, children):
     """``second`` (timeout T) joins the line behind ``first`` (no timeout) and stays there
     for T / 2 after it was seen there (a pause of the test's, on purpose: the time spent in
@@ -997,14 +990,6 @@ class Gate:
 
 
 @on_postgresql
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Defect: a waiter cancelled while its waiting connection is being opened leaves "
-    "that connection waiting in the server until the lock is released. ServerWait's cancel "
-    "(ReleaseWait.interrupt: psycopg's cancel) finds no connection yet, or no statement "
-    "running, and does nothing; the wait statement runs after it, and close() waits behind it.",
-)
 def test_a_waiter_cancelled_while_its_connection_opens_never_waits_in_the_server(
     using, server, processes
 ):

@@ -688,23 +688,32 @@ class PostgreSQLReleaseWait(ReleaseWait):
         # Its statements run in one thread at a time, not always the same one.
         connection.inc_thread_sharing()
         self.in_line = False
+        self.interrupted = False
 
     def wait(self, db_key: Any, *, shared: bool, timeout: float | None) -> bool:
         keys = db_key if isinstance(db_key, tuple) else (db_key,)
-        # 0 means "no limit" to lock_timeout; set_config(..., true) lasts for the transaction.
-        milliseconds = 0 if timeout is None else max(1, math.ceil(timeout * 1000))
+        wait = f"SELECT {_function(xact=True, shared=shared)}({_args(keys)})"
+        if timeout is None:
+            limit = "'0'"  # 0: no limit
+        else:
+            # lock_timeout bounds each lock wait: the lock's wait gets what the line's left,
+            # counted from the query string's arrival (statement_timestamp()), in milliseconds.
+            milliseconds = max(1, math.ceil(timeout * 1000))
+            limit = (
+                f"greatest(1, {milliseconds} - (1000 * extract(epoch from clock_timestamp() "
+                f"- statement_timestamp()))::bigint)::text"
+            )
+        # set_config(..., true) lasts for the transaction; a savepoint's rollback undoes it.
         query = (
-            f"SELECT set_config('lock_timeout', '{milliseconds}', true); "
-            f"SAVEPOINT advisory_lock_wait; "
-            f"SELECT {_function(xact=True, shared=shared)}({_args(keys)}); "
-            f"ROLLBACK TO SAVEPOINT advisory_lock_wait"
+            f"SAVEPOINT advisory_lock_wait; SELECT set_config('lock_timeout', {limit}, true); "
+            f"{wait}; ROLLBACK TO SAVEPOINT advisory_lock_wait"
         )
         if not self.in_line:
-            query = query.replace(
-                "SAVEPOINT", f"SELECT pg_advisory_xact_lock({line_key(db_key)}); SAVEPOINT", 1
-            )
-            query = f"BEGIN; {query}"
+            line = f"SELECT pg_advisory_xact_lock({line_key(db_key)})"
+            query = f"BEGIN; SELECT set_config('lock_timeout', {limit}, true); {line}; {query}"
         raw = self._raw()
+        if self.interrupted:  # before its statement could be cancelled
+            raise errors.QueryCanceled("The wait was interrupted.")
         try:
             raw.execute(query)
         except errors.Error as error:
@@ -723,6 +732,7 @@ class PostgreSQLReleaseWait(ReleaseWait):
             self._raw().execute("COMMIT")
 
     def interrupt(self) -> None:
+        self.interrupted = True
         raw = self.connection.connection
         if raw is not None:
             raw.cancel()  # psycopg: may be called from another thread

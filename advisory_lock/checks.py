@@ -179,9 +179,10 @@ def _check_alias(alias: str) -> list[CheckMessage]:
     if backend.notifications and get_setting("SCHEDULE") and (problem := listening_problem(alias)):
         messages.append(
             Warning(
-                f"run_jobs on database alias {alias!r} can't listen for operators' requests "
-                f"and the ends of runs: {problem}. It polls instead (requests are seen within "
-                f"a second).",
+                f"The schedule's job processes on database alias {alias!r} can't run: "
+                f"{problem}. A job process takes its entry's lock on a session of its own "
+                f"(the DIRECT_ALIAS), as @single_instance commands do, and run_jobs listens "
+                f"for operators' requests on one; neither can work through that pooler.",
                 hint=f"Set ADVISORY_LOCK['DIRECT_ALIAS'][{alias!r}] to an alias that reaches "
                 "the database without the pooler (or through a session-mode pooler).",
                 id="advisory_lock.W002",

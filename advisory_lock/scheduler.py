@@ -65,10 +65,9 @@ from advisory_lock.ledger import is_orphaned
 from advisory_lock.ledger import mark_abandoned
 from advisory_lock.liveness import POLL_INTERVAL
 from advisory_lock.liveness import Heartbeat
-from advisory_lock.notifications import ENDED
+from advisory_lock.notifications import CONTROL
 from advisory_lock.notifications import LISTENING
 from advisory_lock.notifications import Listening
-from advisory_lock.notifications import notify
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
@@ -134,10 +133,11 @@ class Scheduler:
         self._followed_up_to: dict[str, int] = {}
         # The enqueued rows whose queue could not answer, said once each.
         self._unanswered: set[int] = set()
-        # Notifications (PostgreSQL): operators' requests and the ends of runs, heard at once.
+        # Notifications (PostgreSQL): operators' requests, heard at once.
         self.listening = Listening(using)
-        self._poll_now = False  # a request was announced (or may have been, unheard)
-        self._ends: list[str] = []  # entries whose run here ended: to announce
+        # Look for requests at the next pass: one was announced (or may have been, unheard),
+        # or a run of ours ended (a request for its entry waited for it here).
+        self._poll_now = False
 
     # Running.
 
@@ -212,26 +212,24 @@ class Scheduler:
     def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, reaping the children meanwhile (their timeouts too, with no
         database); less if a signal stops the scheduler (a sleep resumes after a handler),
-        a child ends, or a notification comes: an operator's request (then the next pass
-        polls the requests at once), or the end of a run of one of our entries elsewhere."""
+        or a notification says an operator asked something of one of our entries (the next
+        pass then looks for requests at once)."""
         until = time.monotonic() + seconds
-        running = len(self.children)
         while not self.stopping and (left := until - time.monotonic()) > 0:
             heard = self.listening.wait(min(left, _LOOP / 2))
             self._collect()
-            if self._heard(heard) or len(self.children) < running:
+            if self._heard(heard):
                 return
 
     def _heard(self, payloads: list[str]) -> bool:
-        """Note what the notifications ask for; True if any concerns this scheduler."""
+        """True, and requests to be looked for at once, if a notification concerns us: a
+        request for one of our entries, or a new listening connection (requests made while
+        there was none went unheard)."""
         concerns = False
         for payload in payloads:
             kind, _, name = payload.partition(":")
-            if payload == LISTENING or (kind != ENDED and name in self.entries):
-                self._poll_now = True  # LISTENING: requests made meanwhile went unheard
-                concerns = True
-            elif name in self.entries:
-                concerns = True  # a run ended elsewhere: a retry, or the next slot, may start
+            if payload == LISTENING or (kind == CONTROL and name in self.entries):
+                self._poll_now = concerns = True
         return concerns
 
     # Database outages.
@@ -435,13 +433,9 @@ class Scheduler:
         self.say(f"run_jobs: {entry.name} [{slot}] started (pid {process.pid}).")
 
     def reap(self) -> None:
-        """Record the runs that ended, and announce their ends to the other schedulers;
-        stop those past their timeout."""
+        """Record the runs that ended; stop those past their timeout."""
         self._collect()
         self._record_deaths()
-        while self._ends:
-            notify(self.using, ENDED, self._ends[0])
-            del self._ends[0]
 
     def _collect(self) -> None:
         """Join the children that ended and say how; stop those past their timeout. No
@@ -465,8 +459,8 @@ class Scheduler:
 
     def _ended(self, child: Child, exitcode: int | None) -> None:
         run = f"{child.entry.name} [{child.slot}]"
-        if exitcode != SKIPPED:
-            self._ends.append(child.entry.name)
+        # A request for the entry heard while this run went on was left for now: look again.
+        self._poll_now = True
         if exitcode == 0:
             # A task entry's run ends when its task does (follow_tasks() says how).
             self.say(f"run_jobs: {run} {'enqueued' if child.entry.task else 'succeeded'}.")

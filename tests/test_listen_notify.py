@@ -326,7 +326,7 @@ def check(folder: Path, name: str, **lock: object) -> tuple[int, str]:
 def test_w002_for_a_transaction_pooler_without_a_direct_alias(using, tmp_path):
     status, out = check(tmp_path, "pooled", POOL_MODE={"default": "transaction"})
     assert status == 0 and out.count("advisory_lock.W002") == 1, out
-    assert "run_jobs on database alias 'default' can't listen" in out, out
+    assert "The schedule's job processes on database alias 'default' can't run" in out, out
     # The same database through another alias, with no pooler: listened on.
     status, out = check(
         tmp_path,
@@ -387,7 +387,8 @@ def test_with_a_direct_alias_the_scheduler_listens_there_and_hears_requests(
     assert session.query == 'LISTEN "advisory_lock"'
 
 
-# A defect: a request heard while its entry runs here waits for the next poll.
+# A defect (fixed; this failed before): a request heard while its entry runs here waited for
+# the next poll.
 
 
 @on_postgresql
@@ -413,10 +414,5 @@ def test_a_request_heard_while_its_entry_runs_here_starts_when_the_run_ends(
     # The entry is free here. Two heartbeats later, a whole pass has run since: one that
     # looks at the pending requests would have started this one.
     beats_after(using, process, server_now(using), 2)
-    if f"long [{request.slot}] started" not in output(schedulers, process):
-        # Everything above holds; this alone is the defect (xfail here, not for the test).
-        pytest.xfail(
-            "a run-now request heard while its entry's run goes on in this scheduler is not "
-            "looked for again when the run ends, only at the next poll (--poll-interval)"
-        )
+    assert f"long [{request.slot}] started" in output(schedulers, process)
     manual_run(ledger, process, request)

@@ -216,7 +216,11 @@ class Scheduler:
         pass then looks for requests at once)."""
         until = time.monotonic() + seconds
         while not self.stopping and (left := until - time.monotonic()) > 0:
-            heard = self.listening.wait(min(left, _LOOP / 2))
+            if self._outage_since is None:
+                heard = self.listening.wait(min(left, _LOOP / 2))
+            else:  # no listening either: the database is tried at the outage's pace only
+                time.sleep(min(left, _LOOP / 2))
+                heard = []
             self._collect()
             if self._heard(heard):
                 return
@@ -241,6 +245,7 @@ class Scheduler:
         for connection in connections.all(initialized_only=True):
             with contextlib.suppress(Exception):  # a broken connection may fail to close
                 connection.close()
+        self.listening.close()  # listened to again once the database is back
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self._retry_in = _RETRY_FIRST

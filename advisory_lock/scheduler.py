@@ -138,6 +138,7 @@ class Scheduler:
         # Look for requests at the next pass: one was announced (or may have been, unheard),
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
+        self._next_beat = 0.0  # time.monotonic() of the next heartbeat
 
     # Running.
 
@@ -148,15 +149,13 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
-        next_sweep = next_poll = next_beat = 0.0
+        next_sweep = next_poll = 0.0
         try:
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
                 try:
                     self.reap()
-                    if time.monotonic() >= next_beat:
-                        self.heartbeat.beat()
-                        next_beat = time.monotonic() + POLL_INTERVAL
+                    self.beat_if_due()
                     if time.monotonic() >= next_poll or self._poll_now:
                         self._poll_now = False
                         self.start_requested()
@@ -169,7 +168,7 @@ class Scheduler:
                 except Exception as error:
                     if not is_outage(error):
                         raise
-                    next_sweep = next_poll = next_beat = 0.0  # once it is back (runs were cut)
+                    next_sweep = next_poll = self._next_beat = 0.0  # once it is back
                     self._wait(self._outage(error))
                     continue
                 if self._outage_since is not None:
@@ -202,8 +201,19 @@ class Scheduler:
         is no longer ``running``, so its row is never taken for an orphan. Deletes the
         heartbeat rows of schedulers gone for a week, too."""
         for name in self.entries:
+            if self.stopping:
+                return
             mark_abandoned(self.using, job_name=name)
+            self.beat_if_due()
         self.heartbeat.forget_the_dead()
+
+    def beat_if_due(self) -> None:
+        """Record the heartbeat if ``POLL_INTERVAL`` has passed since the last one: also
+        within a long pass (many due slots, a sweep over many entries), so that a busy
+        scheduler never looks dead."""
+        if time.monotonic() >= self._next_beat:
+            self.heartbeat.beat()
+            self._next_beat = time.monotonic() + POLL_INTERVAL
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -271,13 +281,18 @@ class Scheduler:
         )
 
     def start_due(self) -> None:
+        """Start a due slot of each entry that has no run going here; a signal stops the
+        pass (no new runs), and the heartbeat is kept up meanwhile."""
         now = self.now()
         for name, entry in self.entries.items():
+            if self.stopping:
+                return
             if name in self.children:
                 continue  # one run of an entry at a time
             slots = self.due_slots(entry, now)
             if slots:
                 self.start(entry, slots[0])
+                self.beat_if_due()
 
     def start_requested(self) -> None:
         """Start the pending run-now requests of the entries that have no run going here."""
@@ -285,6 +300,8 @@ class Scheduler:
         if not idle:
             return
         for request in pending_requests(self.using, idle, self.now()):
+            if self.stopping:
+                return
             if request.job_name not in self.children:
                 self.start(self.entries[request.job_name], request.slot, manual=True)
 

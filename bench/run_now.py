@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import random
@@ -72,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
+from fleet import library_revision  # noqa: E402
 
 from bench.servers import PG_PARAMS  # noqa: E402
 from testproject.database_url import parse  # noqa: E402
@@ -176,24 +176,6 @@ def recreate_database() -> None:
 def drop_database() -> None:
     connections[ALIAS].close()
     server(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-
-
-def library_revision() -> str:
-    """The checkout's commit, and whether advisory_lock/ has uncommitted changes."""
-    git = ["git", "-C", str(ROOT)]
-    try:
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "advisory_lock at an unknown revision"
-    if not diff:
-        return f"advisory_lock at commit {commit}"
-    digest = hashlib.sha1(diff).hexdigest()[:10]
-    return f"advisory_lock at commit {commit} + uncommitted changes (diff sha1 {digest})"
 
 
 def now() -> datetime.datetime:

@@ -49,7 +49,6 @@ import argparse
 import collections
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import pwd
@@ -67,6 +66,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
+
+from fleet import library_revision
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_scale"
@@ -873,23 +874,6 @@ def busy_phase(
 
 
 # Reporting.
-
-
-def library_revision() -> str:
-    git = ["git", "-C", str(ROOT)]
-    try:
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "advisory_lock at an unknown revision"
-    if not diff:
-        return f"advisory_lock at commit {commit}"
-    digest = hashlib.sha1(diff).hexdigest()[:10]
-    return f"advisory_lock at commit {commit} + uncommitted changes (diff sha1 {digest})"
 
 
 def percentile(values: list[float], fraction: float) -> float:

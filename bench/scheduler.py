@@ -35,7 +35,6 @@ import argparse
 import collections
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import random
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
+from fleet import library_revision  # noqa: E402
 
 from testproject.database_url import parse  # noqa: E402
 
@@ -147,23 +147,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
-
-
-def library_revision() -> str:
-    git = ["git", "-C", str(ROOT)]
-    try:
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            [*git, "diff", "HEAD", "--", "advisory_lock"], capture_output=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "advisory_lock at an unknown revision"
-    if not diff:
-        return f"advisory_lock at commit {commit}"
-    digest = hashlib.sha1(diff).hexdigest()[:10]
-    return f"advisory_lock at commit {commit} + uncommitted changes (diff sha1 {digest})"
 
 
 class Fleet:

@@ -17,9 +17,10 @@ every pass, 5 times a second, so it acts on a slot's end within 0.2 s without a 
   (``DIRECT_ALIAS``): a transaction-mode pooler would hand the listening session to other
   clients between transactions, and the notifications to nobody. An alias declared behind
   one (``POOL_MODE``) without a direct alias is not listened on (system check W002).
-- A lost connection is logged once, the process polls meanwhile, and a new one is tried
-  after ``RECONNECT_AFTER`` seconds; notifications sent while it was down are lost, so a
-  new connection is reported as a notification of its own (``LISTENING``): poll now.
+- A lost connection is logged once (by the caller, unless a database outage explains it),
+  the process polls meanwhile, and a new one is tried after ``RECONNECT_AFTER`` seconds;
+  notifications sent while it was down are lost, so a new connection is reported as a
+  notification of its own (``LISTENING``): poll now.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Listening:
         self.unavailable = False  # this database has no notifications, or can't be listened on
         self.retry_at = 0.0
         self.failing = False  # said once per run of failures
+        self.unsaid: Exception | None = None  # a failure not yet said (see say_failure)
 
     def wait(self, seconds: float) -> list[str]:
         """Wait at most ``seconds`` for notifications, and return their payloads (``kind:job
@@ -122,14 +124,25 @@ class Listening:
             logger.info("Listening for notifications on database %r again.", self.using)
         return True
 
-    def _failed(self, error: Exception) -> None:
-        self.retry_at = monotonic() + RECONNECT_AFTER
-        if not self.failing:
-            self.failing = True
+    def say_failure(self) -> None:
+        """Log the failure of the last wait or connection, once per run of failures. The
+        caller says when: a failure that a database outage explains is the outage's to say
+        (``forget_failure``)."""
+        if self.unsaid is not None:
             logger.warning(
                 "Listening for notifications on database %r failed (%s); polling meanwhile, "
                 "trying again every %gs.",
                 self.using,
-                error,
+                self.unsaid,
                 RECONNECT_AFTER,
             )
+            self.unsaid = None
+
+    def forget_failure(self) -> None:
+        self.unsaid = None
+
+    def _failed(self, error: Exception) -> None:
+        self.retry_at = monotonic() + RECONNECT_AFTER
+        if not self.failing:
+            self.failing = True
+            self.unsaid = error

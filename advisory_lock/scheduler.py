@@ -173,6 +173,8 @@ class Scheduler:
                     continue
                 if self._outage_since is not None:
                     self._outage_over()
+                # A lost listening connection with the database in reach: say so.
+                self.listening.say_failure()
                 self._wait(_LOOP)
         finally:
             self.listening.close()
@@ -255,7 +257,9 @@ class Scheduler:
         for connection in connections.all(initialized_only=True):
             with contextlib.suppress(Exception):  # a broken connection may fail to close
                 connection.close()
-        self.listening.close()  # listened to again once the database is back
+        # Listened to again once the database is back; the outage explains a lost listener.
+        self.listening.close()
+        self.listening.forget_failure()
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self._retry_in = _RETRY_FIRST

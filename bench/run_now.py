@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT))
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
 from fleet import library_revision  # noqa: E402
+from servers import SCHEDULER_SETTINGS  # noqa: E402
 
 from bench.servers import PG_PARAMS  # noqa: E402
 from testproject.database_url import parse  # noqa: E402
@@ -84,20 +85,7 @@ ENTRY = "target"
 LISTENER = "%listener (advisory_lock)%"
 HANG = 120  # seconds: only a hang waits this long
 VARIANTS = ("listen", "polling")
-SETTINGS = """
-import json
-import os
-
-from testproject.database_url import parse
-
-SECRET_KEY = "bench"
-USE_TZ = True
-TIME_ZONE = "UTC"
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "advisory_lock"]
-DATABASES = {"default": parse(os.environ["DATABASE_URL"], None)}
-ADVISORY_LOCK = {"NAMESPACE": "bench", "SCHEDULE": json.loads(os.environ["SCHEDULE"])}
-"""
+SETTINGS = SCHEDULER_SETTINGS
 JOBS = """
 import json
 import os

@@ -68,27 +68,18 @@ from pathlib import Path
 from typing import Any
 
 from fleet import library_revision
+from servers import SCHEDULER_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_scale"
-SETTINGS = '''
-import json
-import os
-
-from testproject.database_url import parse
-
-SECRET_KEY = "bench"
-USE_TZ = True
-TIME_ZONE = "UTC"
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "advisory_lock"]
-DATABASES = {"default": parse(os.environ["DATABASE_URL"], None)}
-ADVISORY_LOCK = {"NAMESPACE": "bench", "SCHEDULE": json.loads(os.environ["SCHEDULE"])}
-
+SETTINGS = (
+    SCHEDULER_SETTINGS
+    + '''
 
 def noop() -> None:
     """The busy schedule's job: nothing."""
 '''
+)
 JOB = "bench_scale_settings.noop"
 #: Seconds a start-up (Django, the first sweep, the first runs) may take before giving up.
 STARTUP_TIMEOUT = 600

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402
 from fleet import library_revision  # noqa: E402
+from servers import SCHEDULER_SETTINGS  # noqa: E402
 
 from testproject.database_url import parse  # noqa: E402
 
@@ -67,20 +68,7 @@ SCHEDULE = {
     "tick": {"callable": "tests.schedule_jobs.tick", "every": 1},
     "work": {"callable": "tests.schedule_jobs.nap", "every": 3, "retries": 1},
 }
-SETTINGS = """
-import json
-import os
-
-from testproject.database_url import parse
-
-SECRET_KEY = "bench"
-USE_TZ = True
-TIME_ZONE = "UTC"
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "advisory_lock"]
-DATABASES = {"default": parse(os.environ["DATABASE_URL"], None)}
-ADVISORY_LOCK = {"NAMESPACE": "bench", "SCHEDULE": json.loads(os.environ["SCHEDULE"])}
-"""
+SETTINGS = SCHEDULER_SETTINGS
 
 settings.configure(
     USE_TZ=True,

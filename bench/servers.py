@@ -31,3 +31,21 @@ def databases(default: dict[str, Any] | None = None) -> dict[str, dict[str, Any]
             "OPTIONS": {"charset": "utf8mb4"},
         },
     }
+
+
+#: The settings module of the ``run_jobs`` processes the scheduler benchmarks start: the
+#: database from $DATABASE_URL, the schedule from $SCHEDULE (JSON).
+SCHEDULER_SETTINGS = """
+import json
+import os
+
+from testproject.database_url import parse
+
+SECRET_KEY = "bench"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "advisory_lock"]
+DATABASES = {"default": parse(os.environ["DATABASE_URL"], None)}
+ADVISORY_LOCK = {"NAMESPACE": "bench", "SCHEDULE": json.loads(os.environ["SCHEDULE"])}
+"""

@@ -236,15 +236,18 @@ def claim(
         lock.close()
         record_job_run("skipped", job_name, using)
         return None, None
+    # A refused or failed claim lets go of the lock before it returns: released by a
+    # statement, it is free the moment let_go() returns; a closed connection's locks are
+    # dropped only when the server has noticed the close, after the next claimer may ask.
     try:
         run, taken = claim_slot(
             using, job_name, period, retry_failed, held=lock.key, still_held=lock.verify
         )
     except BaseException:
-        lock.close()
+        lock.let_go()
         raise
     if run is None:
-        lock.close()
+        lock.let_go()
     else:
         run.lock = run.claimed_lock = lock
     return run, taken
@@ -441,7 +444,8 @@ def finish(
         recorded = write(using, record, timeout=timeout)
     finally:
         if run.claimed_lock is not None:
-            run.claimed_lock.close()  # closing the connection releases the lock
+            # Released, not only closed: free when finish() returns (see claim()).
+            run.claimed_lock.let_go()
             run.claimed_lock = None
     if not recorded:
         raise LockLost(

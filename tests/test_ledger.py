@@ -63,6 +63,25 @@ def test_a_failed_slot_is_claimed_again_unless_retry_failed_is_false(ledger):
     ledger.finish(again)
 
 
+def test_finish_releases_the_claims_lock_by_a_statement_before_closing_its_connection(
+    ledger, using
+):
+    # A server drops a closed connection's lock only once it has noticed the close: a claim
+    # right after finish() could find it still held (it did, once, on a loaded CI run). So
+    # finish() unlocks on the lock's own connection first: one statement there. (SQLite's
+    # lock is a file lock of this process, let go of when the file is closed: no statement.)
+    run = ledger.claim("report")
+    lock = run.claimed_lock
+    with CaptureQueriesContext(lock.connection) as statements:
+        ledger.finish(run, error="boom")
+    unlocks = [q["sql"] for q in statements if "unlock" in q["sql"] or "RELEASE_LOCK" in q["sql"]]
+    assert len(unlocks) == len(statements) == (0 if using == "default" else 1)
+    assert lock.connection.connection is None  # and then closed
+    again = ledger.claim("report")  # at once: no wait for the server
+    assert again.attempt == 2
+    ledger.finish(again)
+
+
 def test_claim_commits_at_once_even_if_the_callers_transaction_rolls_back(ledger, using):
     runs = []
     with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):

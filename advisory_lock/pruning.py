@@ -19,6 +19,13 @@ time of the ledger), are deleted, except the rows that the ledger still reads:
   has a run since its oldest kept run: that entry runs the slots after its first run that
   have no row, so a hole would be run again.
 
+Prune also deletes the expired marks of ``enqueue_unique`` (``task_pending``) on that database:
+a mark past its ``expires_at`` no longer counts (a call finds it expired and writes its own),
+so only a key never enqueued again would keep it. A call that renews a mark meanwhile moves
+its ``expires_at`` forward, and the DELETE's condition is checked again on the row it would
+delete (PostgreSQL re-reads an updated row under READ COMMITTED; InnoDB's DELETE reads the
+latest committed version), so a renewed mark is kept.
+
 A run that is still running when prune looks is never deleted, even if it ends meanwhile.
 Prune only sees the jobs declared in code that its process has imported (like the report):
 a job declared in ``JOBS`` or by a command is always seen.
@@ -32,17 +39,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
+from django.db import router
 from django.db.models import Max
 from django.db.models import Min
 from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.expectations import declared_jobs
+from advisory_lock.ledger import JobRun
 from advisory_lock.overdue import last_success
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
 from advisory_lock.schedule import usable_entries
+from advisory_lock.tasks import PendingTask
 
 #: Why an old finished run was kept, in the order they are counted.
 CLAIMABLE = "in slots that may still be claimed"
@@ -56,6 +66,7 @@ class Pruned:
 
     deleted: int
     kept: dict[str, int]
+    expired_marks: int = 0
 
     def describe(self, days: int) -> str:
         said = (
@@ -63,17 +74,17 @@ class Pruned:
             f"clock)"
         )
         kept = sum(self.kept.values())
-        if not kept:
-            return f"{said}."
-        why = ", ".join(f"{count} {reason}" for reason, count in self.kept.items() if count)
-        return f"{said}; kept {kept} older run(s) that the ledger still needs: {why}."
+        if kept:
+            why = ", ".join(f"{count} {reason}" for reason, count in self.kept.items() if count)
+            said = f"{said}; kept {kept} older run(s) that the ledger still needs: {why}"
+        if self.expired_marks:
+            said = f"{said}. Deleted {self.expired_marks} expired enqueue_unique mark(s)"
+        return f"{said}."
 
 
 def prune(using: str, older_than: datetime.timedelta) -> Pruned:
     """Delete the finished runs of ``using``'s ledger that started more than ``older_than``
     ago by the database server's clock, except those the ledger still needs (see above)."""
-    from advisory_lock.models import JobRun
-
     rows = JobRun.objects.using(using).order_by()
     now = inspector_for(connections[using]).database_now()
     old = rows.filter(started_at__lt=now - older_than)
@@ -98,7 +109,15 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
         counts[keep[pk]] += 1
     # A run that was running above and has ended since is spared too: it was not looked at.
     deleted, _ = finished.exclude(pk__in=[*keep, *running]).delete()
-    return Pruned(deleted, counts)
+    return Pruned(deleted, counts, _delete_expired_marks(using, now))
+
+
+def _delete_expired_marks(using: str, now: datetime.datetime) -> int:
+    """Delete ``using``'s ``enqueue_unique`` marks that expired before ``now``; how many."""
+    if not router.allow_migrate_model(using, PendingTask):
+        return 0  # the marks live on another database, which has their table
+    deleted, _ = PendingTask.objects.using(using).filter(expires_at__lt=now).delete()
+    return deleted
 
 
 def _claimable(
@@ -145,8 +164,6 @@ def _checked_by_the_report(
     old: QuerySet[Any], jobs: set[str], now: datetime.datetime
 ) -> list[int]:
     """The old successes of each declared job that the overdue report reads, now or later."""
-    from advisory_lock.models import JobRun
-
     kept: list[int] = []
     for job in declared_jobs().values():
         since = job.checked_since(now) if job.job_name in jobs else None

@@ -38,6 +38,7 @@ from typing import Any
 import django
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
 
@@ -376,6 +377,26 @@ def test_pending_mark_expires_after_pending_timeout_by_the_database_clock(
     replaced.delete()
 
 
+def test_prune_deletes_the_expired_marks_and_keeps_the_live_ones(using, capsys):
+    # A key never enqueued again would keep its expired mark for ever: prune deletes it.
+    now = database_now(using)
+    hour = datetime.timedelta(hours=1)
+    rows = {}
+    for name, expires_at in [("expired", now - hour), ("live", now + hour)]:
+        rows[name] = marks(using).create(
+            key_hash=hashlib.sha256(f"prune-{name}-{token()}".encode()).hexdigest(),
+            key=f"prune:{name}",
+            task_name="tests.prune",
+            task_id=str(uuid.uuid4()),
+            enqueued_at=now - 2 * hour,
+            expires_at=expires_at,
+        )
+    call_command("job_runs", "--database", using, "--prune", "--older-than", "30")
+    assert "Deleted 1 expired enqueue_unique mark(s)." in capsys.readouterr().out
+    assert list(marks(using).filter(pk__in=[row.pk for row in rows.values()])) == [rows["live"]]
+    rows["live"].delete()
+
+
 # Keys.
 
 
@@ -595,6 +616,7 @@ def test_a_celery_task_started_at_once_by_an_idle_worker_leaves_no_mark(
 SETS_TASKS = """
 import sys, django
 from django.conf import settings
+from django.core.management import call_command
 package = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
 settings.configure(
     INSTALLED_APPS=["django.contrib.contenttypes", "advisory_lock"],

@@ -181,17 +181,20 @@ def test_django_task_with_a_ledger_runs_once_however_often_it_is_enqueued(
     ledger = JobRun.objects.using(using).filter(job_name=tasks.ONCE_JOB_LABEL)
     ledger.delete()  # "once" is once per database: this test's slot starts empty
     job = tasks.once_job.using(queue_name=queue)
-    with db_workers(using, queue, tmp_path):
-        together = [job.enqueue(run) for _ in range(4)]
-        wait_until(lambda: len(finished(together)) == 4, what="the first 4 to finish")
-        # The lock is free now: only the ledger can stop these.
-        later = [job.enqueue(run) for _ in range(3)]
-        wait_until(lambda: len(finished(later)) == 3, what="the next 3 to finish")
-    values = [succeeded(result, tasks) for result in together + later]
-    assert len([value for value in values if value is not None]) == 1
-    assert values[4:] == [None, None, None]
-    assert list(ledger.values_list("period", "status")) == [("once", "succeeded")]
-    assert is_free(f"queue-test:{run}", using)
+    try:
+        with db_workers(using, queue, tmp_path):
+            together = [job.enqueue(run) for _ in range(4)]
+            wait_until(lambda: len(finished(together)) == 4, what="the first 4 to finish")
+            # The lock is free now: only the ledger can stop these.
+            later = [job.enqueue(run) for _ in range(3)]
+            wait_until(lambda: len(finished(later)) == 3, what="the next 3 to finish")
+        values = [succeeded(result, tasks) for result in together + later]
+        assert len([value for value in values if value is not None]) == 1
+        assert values[4:] == [None, None, None]
+        assert list(ledger.values_list("period", "status")) == [("once", "succeeded")]
+        assert is_free(f"queue-test:{run}", using)
+    finally:
+        ledger.delete()  # the tests after this one start from an empty ledger
 
 
 # A regression test: GuardedRun used to install its own SIGTERM/SIGINT handlers around a

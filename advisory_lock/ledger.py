@@ -237,8 +237,9 @@ def claim(
         record_job_run("skipped", job_name, using)
         return None, None
     # A refused or failed claim lets go of the lock before it returns: released by a
-    # statement, it is free the moment let_go() returns; a closed connection's locks are
-    # dropped only when the server has noticed the close, after the next claimer may ask.
+    # statement, it is free the moment let_go() returns, whereas a closed connection's locks
+    # are dropped only once the server has noticed the close, which may be after the next
+    # claimer has asked.
     try:
         run, taken = claim_slot(
             using, job_name, period, retry_failed, held=lock.key, still_held=lock.verify

@@ -265,6 +265,24 @@ def celery_worker(using: str, broker: str, folder: Path) -> Iterator[tuple[Any, 
         app.close()
 
 
+@pytest.mark.parametrize("using", ["default"], indirect=True)  # the worker needs no server
+def test_a_killed_worker_leaves_nothing_in_the_systems_temporary_directory(
+    using, redis_broker, tmp_path
+):
+    # `make test` leaves nothing in the temporary directory: a Celery worker's prefork pool
+    # makes a pymp-* folder there that only a clean exit removes, and the tests stop their
+    # workers with SIGKILL. Every process the run starts has its TMPDIR in the run's folder
+    # (tests/settings.py), which the run removes at its end.
+    system_temporary = Path(os.environ["ADVISORY_LOCK_TEST_DIR"]).parent
+    before = set(system_temporary.glob("pymp-*"))
+    with celery_worker(using, redis_broker, tmp_path) as (_app, worker):
+        assert worker.proc.poll() is None  # its pool is up: it said " ready."
+    assert worker.proc.returncode == -signal.SIGKILL
+    assert set(system_temporary.glob("pymp-*")) - before == set()
+    run_folder = Path(os.environ["ADVISORY_LOCK_TEST_DIR"], "tmp")
+    assert list(run_folder.glob("pymp-*")), "the worker's pool made its folder in the run's"
+
+
 def hold(app: Any, run: str, started: Path, release: Path, name: str = "hold") -> Any:
     return app.send_task(f"advisory_lock_tests.{name}", args=[run, str(started), str(release)])
 

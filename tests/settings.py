@@ -32,12 +32,6 @@ STATIC_URL = "static/"
 if "ADVISORY_LOCK_TEST_DIR" not in os.environ:
     os.environ["ADVISORY_LOCK_TEST_DIR"] = tempfile.mkdtemp(prefix="advisory-lock-tests-")
     os.environ["ADVISORY_LOCK_TEST_DIR_OWNER"] = str(os.getpid())
-    # The temporary files of every process the run starts go there too, and go with it:
-    # a worker that is killed leaves its own behind (Celery's prefork pool makes a pymp-*
-    # folder that only a clean exit removes).
-    temporary = Path(os.environ["ADVISORY_LOCK_TEST_DIR"], "tmp")
-    temporary.mkdir()
-    os.environ["TMPDIR"] = str(temporary)
 RUN_DIR = Path(os.environ["ADVISORY_LOCK_TEST_DIR"])
 # Test database names are per run too, so that two runs on one machine don't collide.
 TEST_DATABASE = "test_advisory_lock_" + RUN_DIR.name.rsplit("-", 1)[-1].lower()

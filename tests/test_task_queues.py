@@ -271,8 +271,8 @@ def test_a_killed_worker_leaves_nothing_in_the_systems_temporary_directory(
 ):
     # `make test` leaves nothing in the temporary directory: a Celery worker's prefork pool
     # makes a pymp-* folder there that only a clean exit removes, and the tests stop their
-    # workers with SIGKILL. Every process the run starts has its TMPDIR in the run's folder
-    # (tests/settings.py), which the run removes at its end.
+    # workers with SIGKILL. Their TMPDIR is in the run's folder (worker_env), which the run
+    # removes at its end.
     system_temporary = Path(os.environ["ADVISORY_LOCK_TEST_DIR"]).parent
     before = set(system_temporary.glob("pymp-*"))
     with celery_worker(using, redis_broker, tmp_path) as (_app, worker):

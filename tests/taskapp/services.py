@@ -130,13 +130,20 @@ def forget_redis_keys(prefix: str) -> None:
 
 
 def worker_env(using: str, **extra: str) -> dict[str, str]:
-    """The environment of a worker on the pytest run's test database of ``using``."""
+    """The environment of a worker on the pytest run's test database of ``using``.
+
+    Its temporary files go to the run's folder, which the run removes at its end: Celery's
+    prefork pool makes a pymp-* folder in the temporary directory that only a clean exit
+    removes, and the tests stop their workers with SIGKILL."""
+    temporary = Path(os.environ["ADVISORY_LOCK_TEST_DIR"], "tmp")
+    temporary.mkdir(exist_ok=True)
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "ADVISORY_LOCK_TEST_WORKER": "1",
         "ADVISORY_LOCK_TEST_DEFAULT": using,
         "PYTHONUNBUFFERED": "1",
+        "TMPDIR": str(temporary),
         **extra,
     }
 

@@ -616,7 +616,6 @@ def test_a_celery_task_started_at_once_by_an_idle_worker_leaves_no_mark(
 SETS_TASKS = """
 import sys, django
 from django.conf import settings
-from django.core.management import call_command
 package = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
 settings.configure(
     INSTALLED_APPS=["django.contrib.contenttypes", "advisory_lock"],

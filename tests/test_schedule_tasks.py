@@ -214,11 +214,12 @@ def test_three_schedulers_enqueue_each_slot_once_with_its_mark_through_sigkills(
     with db_workers(using, queue, tmp_path, count=2) as workers:
         fleet = [schedulers.start(schedule) for _ in range(3)]
         wait_for(lambda: with_task.count() >= BEFORE_KILLS, f"{BEFORE_KILLS} slots enqueued")
-        # The worker, in the middle of a task (held until then).
+        # The worker, in the middle of a task (held until then): once the task itself has
+        # recorded its execution. Its DBTaskResult says RUNNING a little earlier, before the
+        # worker has called the task's function, and a kill then leaves no execution.
         killed_worker = workers[0]
-        running = task_results.filter(status="RUNNING")
         wait_for(
-            lambda: any(r.worker_ids == [killed_worker.name] for r in running.all()),
+            lambda: any(e["worker"] == killed_worker.name for e in executions(folder)),
             f"{killed_worker.name} running a task",
         )
         kill_group(killed_worker.proc)

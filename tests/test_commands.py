@@ -39,11 +39,16 @@ def test_eight_instances_started_together_run_exactly_once(using, tmp_path):
     processes = [
         start(using, "mixin_job", "--ran", str(ran), "--until", str(done)) for _ in range(8)
     ]
-    # The instance that runs keeps the lock until the other seven have exited (or 40 s).
-    deadline = time.monotonic() + 40
-    while sum(p.poll() is not None for p in processes) < 7 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    done.touch()
+    try:
+        # The instance that runs keeps the lock (--until) until the other seven have exited,
+        # so none of them can find it free. A guard against a hang, not a timing: 7 Django
+        # start-ups on a loaded machine take minutes.
+        deadline = time.monotonic() + HANG
+        while sum(p.poll() is not None for p in processes) < 7:
+            assert time.monotonic() < deadline, "the other seven instances did not exit"
+            time.sleep(0.05)
+    finally:
+        done.touch()  # the runner lets go
     results = [finish(process) for process in processes]
     statuses = sorted(status for status, _, _ in results)
     assert statuses == [0] + [BUSY] * 7, results
@@ -277,7 +282,13 @@ def test_on_lost_callable_is_called_in_place_of_raising(using):
 
             holder = holder_of("command:tests.test_commands", using)
             in_other_connection(kill_connection_of, using, holder.id)
-            time.sleep(1.0)
+            # The run goes on until the watchdog has noticed the killed connection and called
+            # on_lost (at its next check): ended before, the loss would be found by the
+            # release instead. A guard against a hang, not a timing.
+            deadline = time.monotonic() + HANG
+            while not calls:
+                assert time.monotonic() < deadline, "on_lost was not called"
+                time.sleep(0.05)
 
     Command.__module__ = "tests.test_commands"
     Command().execute(stdout=None, stderr=None, skip_checks=True, no_color=True, force_color=False)

@@ -22,6 +22,7 @@ from advisory_lock import advisory_lock
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
+from tests.commands import HANG
 from tests.probes import freed
 from tests.probes import in_other_connection
 from tests.probes import is_free
@@ -181,24 +182,49 @@ def test_get_lock_returning_null_is_an_error_not_busy(using):
     def wait_for_lock():
         waiter_id["id"] = backend_id(using)
         started.set()
-        with advisory_lock("null", using=using, timeout=20):
+        # It waits until killed: the bound is a guard against a hang, not a timing.
+        with advisory_lock("null", using=using, timeout=HANG):
             pass
+
+    def waiting():
+        """Does the server show the waiter blocked in its waiting GET_LOCK (not the try)?"""
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                "SELECT STATE, INFO FROM information_schema.PROCESSLIST WHERE ID = %s",
+                [waiter_id["id"]],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return False
+        state, info = row
+        return state == "User lock" and "GET_LOCK" in (info or "") and not info.endswith(", 0)")
 
     with held_elsewhere("null", using):
         outcome = {}
-        thread = threading.Thread(
-            target=lambda: outcome.update(error=_raised(in_other_connection, wait_for_lock))
-        )
+
+        def waiter():
+            try:
+                outcome["error"] = _raised(wait_for_lock)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=waiter)
         thread.start()
-        assert started.wait(10)
-        time.sleep(0.3)  # let it reach GET_LOCK
+        assert started.wait(HANG)
+        # Kill its query once the server shows it waiting in GET_LOCK: killed before, the
+        # kill would find no query to end.
+        deadline = time.monotonic() + HANG
+        while not in_other_connection(waiting):
+            assert time.monotonic() < deadline, "the waiter never waited in GET_LOCK"
+            time.sleep(0.01)
 
         def kill_query():
             with connections[using].cursor() as cursor:
                 cursor.execute(f"KILL QUERY {int(waiter_id['id'])}")
 
         in_other_connection(kill_query)
-        thread.join(10)
+        thread.join(HANG)
+        assert not thread.is_alive(), "the killed GET_LOCK did not return"
     assert isinstance(outcome["error"], AdvisoryLockError)
     assert not isinstance(outcome["error"], LockNotAcquired)
     assert "NULL" in str(outcome["error"])

@@ -339,7 +339,7 @@ def _claim(
                     attempt=attempt,
                     status=Status.RUNNING,
                     started_at=now,
-                    host=socket.gethostname()[:255],
+                    host=this_host(),
                     pid=os.getpid(),
                     lock_key=held.identity,
                 )
@@ -769,6 +769,20 @@ def end_enqueued(
     if recorded:
         record_job_run("succeeded" if succeeded else "failed", run.job_name, using, run)
     return recorded
+
+
+def this_host() -> str:
+    """This host's name, as a run's row records it."""
+    return socket.gethostname()[:255]
+
+
+def claimed_by_process(using: str, job_name: str, period: str, pid: int) -> bool:
+    """Is a running row of the slot claimed by the OS process ``pid`` of this host?"""
+    return (
+        JobRun.objects.using(using)
+        .filter(job_name=job_name, period=period, status=Status.RUNNING, host=this_host(), pid=pid)
+        .exists()
+    )
 
 
 def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:

@@ -58,6 +58,7 @@ from advisory_lock.control import is_paused
 from advisory_lock.control import pauses
 from advisory_lock.control import pending_requests
 from advisory_lock.ledger import JobRun
+from advisory_lock.ledger import claimed_by_process
 from advisory_lock.ledger import deciding_attempt
 from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
@@ -84,6 +85,11 @@ _RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the
 #: The longest wait, in seconds, between two tries of a scheduler while the database is out
 #: of reach: a scheduler is back at most this long after its database.
 RETRY_CAP = 3.0
+#: How long, in seconds, a scheduler waits for the server to free the lock of a job process
+#: it saw die before it leaves the run to a sweep. A server frees a session's locks once it
+#: has read the end of its connection, which the kernel closes when the process dies: a
+#: moment after the scheduler has reaped it, not at the same instant.
+_LOCK_FREED_AFTER_DEATH = 30.0
 
 
 @dataclass
@@ -96,6 +102,16 @@ class Child:
     pipe: int  # the write end of the pipe the child watches: closed, it kills itself
     started: float
     stopped_because: str = ""
+
+
+@dataclass
+class Death:
+    """A job process that died before it could record its run's end, and how."""
+
+    child: Child
+    how: str
+    since: float  # time.monotonic() when it was reaped
+    said_waiting: bool = False
 
 
 class Scheduler:
@@ -120,8 +136,9 @@ class Scheduler:
         self.stopping = False
         # Slots known done (succeeded, or out of retries): not looked up again.
         self._settled: set[tuple[str, str]] = set()
-        # Runs whose process died, and how: to record failed (kept while the database is out).
-        self._deaths: list[tuple[Child, str]] = []
+        # Runs whose process died, and how: to record failed (kept while the database is out,
+        # and until the server has freed the dead process's lock).
+        self._deaths: list[Death] = []
         # The outage under way: when its first failed pass was (time.monotonic()), and the
         # wait before the next try.
         self._outage_since: float | None = None
@@ -499,17 +516,39 @@ class Scheduler:
             self.say(f"run_jobs: {run} failed.")
             return  # the child recorded it
         how = child.stopped_because or f"its process died (exit status {exitcode})"
-        self._deaths.append((child, how))
+        self._deaths.append(Death(child, how, time.monotonic()))
 
     def _record_deaths(self) -> None:
         """Record failed the runs whose process died, with how (the scheduler knows). A
-        death the database can't record yet (an outage) stays for the next pass."""
-        while self._deaths:
-            child, how = self._deaths[0]
-            marked = fail_orphaned(self.using, child.entry.name, child.slot, f"The run {how}.")
-            del self._deaths[0]
-            run = f"{child.entry.name} [{child.slot}]"
+        death stays for a later pass while the database can't record it (an outage), and
+        while the server still holds the dead process's lock (for up to
+        ``_LOCK_FREED_AFTER_DEATH`` seconds): a run is recorded failed only under a free
+        lock, so that a live owner's run never is."""
+        for death in list(self._deaths):
+            child, how = death.child, death.how
+            name, slot = child.entry.name, child.slot
+            marked = fail_orphaned(self.using, name, slot, f"The run {how}.")
+            run = f"{name} [{slot}]"
+            if (
+                not marked
+                and time.monotonic() - death.since < _LOCK_FREED_AFTER_DEATH
+                and claimed_by_process(self.using, name, slot, child.process.pid or 0)
+            ):
+                if not death.said_waiting:
+                    death.said_waiting = True
+                    self.say(f"run_jobs: {run} died ({how}); its lock is not free yet.")
+                continue
+            self._deaths.remove(death)
             self.say(f"run_jobs: {run} failed: {how}" + ("" if marked else " (not recorded)"))
+
+    def _record_deaths_before_exit(self) -> None:
+        """Record the deaths, waiting for the server to free their locks (bounded by
+        ``_LOCK_FREED_AFTER_DEATH``: a death whose lock is still held then is said not
+        recorded, and left to a sweep)."""
+        self._record_deaths()
+        while self._deaths:
+            time.sleep(_LOOP / 4)
+            self._record_deaths()
 
     def shut_down(self) -> None:
         """Let the running children finish for up to ``stop_grace`` seconds, then kill them;
@@ -524,14 +563,15 @@ class Scheduler:
             self.kill(child, "stopped with the scheduler")
         self._collect()
         try:
-            self._record_deaths()
+            self._record_deaths_before_exit()
         except Exception as error:
             if not is_outage(error):
                 raise
-            for child, how in self._deaths:
+            for death in self._deaths:
                 self.say(
-                    f"run_jobs: {child.entry.name} [{child.slot}] failed: {how} (not recorded: "
-                    f"the database is unreachable; a sweep will mark it abandoned)"
+                    f"run_jobs: {death.child.entry.name} [{death.child.slot}] failed: "
+                    f"{death.how} (not recorded: the database is unreachable; a sweep will "
+                    f"mark it abandoned)"
                 )
             self._deaths.clear()
 

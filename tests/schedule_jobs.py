@@ -40,6 +40,24 @@ def until_go() -> None:
     _run(0.0)
 
 
+def fork_an_heir() -> None:
+    """Fork a process, the heir, that inherits this run's open connections (and SQLite's lock
+    files) and keeps them until the file ``go`` appears in the jobs folder (five minutes at
+    most); write its pid to ``heir.pid``; then run for two minutes. This run killed, its
+    lock stays held until the heir exits: as a server holds a killed process's locks until
+    it has noticed its connections close, here for as long as the test wants."""
+    heir = os.fork()
+    if heir == 0:
+        deadline = time.monotonic() + 300
+        while not (_folder() / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(0)  # closes the inherited connections without a word to the server
+    temporary = _folder() / f"heir.pid.{os.getpid()}"
+    temporary.write_text(str(heir))
+    temporary.rename(_folder() / "heir.pid")
+    _run(120.0)
+
+
 def slow_the_first_time() -> None:
     """The first run of all (fleet-wide) writes its pid to ``slow.pid`` and sleeps for two
     minutes; the others end at once. For a run to be killed, and its retry to succeed."""

@@ -48,6 +48,8 @@ Status = JobRun.Status
 FLEET = {"default": 8, "postgresql": 16, "mysql": 8}
 DJANGO_ADMIN = [str(Path(sys.executable).parent / "django-admin")]
 PYTHON_M_DJANGO = [sys.executable, "-m", "django"]
+#: A guard against a hang, never a timing: how long a wait for an event may last.
+HANG = 240.0
 
 
 class Schedulers:
@@ -142,6 +144,21 @@ def wait_for(condition, what: str, timeout: float = 30):
     raise AssertionError(f"not within {timeout}s: {what}")
 
 
+def wait_until_up(schedulers: Schedulers, fleet: list[subprocess.Popen]) -> None:
+    """Wait for each scheduler of ``fleet`` to record its heartbeat: its signal handlers are
+    installed by then (before, SIGTERM's default action would kill a scheduler still
+    starting: status -15)."""
+    beats = SchedulerHeartbeat.objects.using(schedulers.using)
+    for process in fleet:
+        wait_for(beats.filter(pid=process.pid).exists, f"{process.pid}'s heartbeat", HANG)
+
+
+def succeeded_slots(ledger, job_name: str) -> set[str]:
+    return set(
+        ledger.filter(job_name=job_name, status=Status.SUCCEEDED).values_list("period", flat=True)
+    )
+
+
 def long_interval(using: str, margin: float = 150) -> int:
     """An ``every`` of about an hour whose current slot ends at least ``margin`` seconds from
     now (server clock): that slot stays the most recent due one for the whole test."""
@@ -186,20 +203,24 @@ def test_three_schedulers_run_every_slot_of_an_every_second_entry_once_without_o
 ):
     schedule = {"tick": {"callable": f"{JOBS}.tick", "every": 1}}
     fleet = [schedulers.start(schedule) for _ in range(3)]
-    wait_for(lambda: ledger.filter(status=Status.SUCCEEDED).exists(), "a first run")
+    wait_for(lambda: ledger.filter(status=Status.SUCCEEDED).exists(), "a first run", HANG)
     window_start = server_now(using)
-    time.sleep(10)
+    time.sleep(10)  # the window's length, not an ordering: what follows waits for events
     window_end = server_now(using)
-    for process in fleet:
-        process.send_signal(signal.SIGTERM)
-    for process in fleet:
-        status, _, err = schedulers.finish(process)
-        assert status == 0, err
-    # Every slot that fell due in the window, at least a second before the end, ran once.
+    # Every slot that fell due in the window, at least a second before the end, is to run
+    # once: the fleet is stopped only once each of them has (a slot missed is never run:
+    # the wait then fails), and once each scheduler is up to handle the signal.
     expected = {
         second(at(s))
         for s in range(math.ceil(window_start.timestamp()), int(window_end.timestamp()))
     }
+    wait_for(lambda: expected <= succeeded_slots(ledger, "tick"), "every slot of the window", HANG)
+    wait_until_up(schedulers, fleet)
+    for process in fleet:
+        process.send_signal(signal.SIGTERM)
+    for process in fleet:
+        status, _, err = schedulers.finish(process, timeout=HANG)
+        assert status == 0, err
     succeeded = Counter(ledger.filter(status=Status.SUCCEEDED).values_list("period", flat=True))
     assert len(expected) >= 9
     assert sorted(expected - set(succeeded)) == []  # missing
@@ -224,11 +245,13 @@ def test_a_scheduler_killed_mid_run_takes_its_job_with_it_and_another_retries_th
     }
     fleet = [schedulers.start(schedule) for _ in range(3)]
     pid_file = tmp_path / "slow.pid"
-    wait_for(pid_file.exists, "the slow job's start")
+    wait_for(pid_file.exists, "the slow job's start", HANG)
     job, parent = map(int, pid_file.read_text().split())
     [victim] = [process for process in fleet if process.pid == parent]
     victim.kill()  # SIGKILL: no handler runs, nothing is recorded
-    wait_for(lambda: not alive(job), "the job process dying with its scheduler", timeout=2)
+    wait_for(lambda: not alive(job), "the job process dying with its scheduler", HANG)
+    # Killed mid-run, not gone at the end of its two minutes: a run that ends records itself.
+    assert [run for run in runs(tmp_path) if run["pid"] == job] == []
     # Its row keeps "running" under a free lock; another scheduler retries the slot, which is
     # still the most recent due one.
     attempts = wait_for(
@@ -237,25 +260,24 @@ def test_a_scheduler_killed_mid_run_takes_its_job_with_it_and_another_retries_th
             and list(ledger.filter(job_name="slow").order_by("attempt"))
         ),
         "the retry",
+        HANG,
     )
     assert [run.attempt for run in attempts] == [1, 2]
     assert attempts[0].period == attempts[1].period and attempts[0].pid == job
     assert attempts[0].status in (Status.ABANDONED, Status.FAILED)
     [retry] = [run for run in runs(tmp_path) if run["job"] == "slow"]
     assert retry["ppid"] != parent and retry["ppid"] in {process.pid for process in fleet}
-    # The two others never stop scheduling: every second still runs.
-    after = server_now(using)
-    time.sleep(2.5)
-    later = server_now(using)
-    ticks = ledger.filter(job_name="tick", status=Status.SUCCEEDED)
-    done = set(ticks.values_list("period", flat=True))
-    due = {second(at(s)) for s in range(math.ceil(after.timestamp()), int(later.timestamp()))}
-    assert due and due <= done
+    # The two others never stop scheduling: the next seconds still run (a slot missed is
+    # never run: the wait then fails).
+    after = math.ceil(server_now(using).timestamp())
+    due = {second(at(after)), second(at(after + 1))}
+    wait_for(lambda: due <= succeeded_slots(ledger, "tick"), "the next two seconds' ticks", HANG)
     others = [process for process in fleet if process is not victim]
     assert all(process.poll() is None for process in others)
+    wait_until_up(schedulers, others)
     for process in others:
         process.send_signal(signal.SIGTERM)
-    assert [schedulers.finish(process)[0] for process in others] == [0, 0]
+    assert [schedulers.finish(process, timeout=HANG)[0] for process in others] == [0, 0]
 
 
 def test_catch_up_is_honoured_when_a_scheduler_starts_after_all_were_stopped(
@@ -353,8 +375,8 @@ def test_sigterm_stops_claiming_lets_running_jobs_finish_within_the_grace_then_s
     wait_for(
         lambda: ledger.filter(job_name__in=["short", "long"], status=Status.RUNNING).count() == 2,
         "both jobs running",
+        HANG,
     )
-    signalled = server_now(using)
     process.send_signal(signal.SIGTERM)
     started = time.monotonic()
     status, out, err = schedulers.finish(process)
@@ -365,9 +387,11 @@ def test_sigterm_stops_claiming_lets_running_jobs_finish_within_the_grace_then_s
     long = ledger.get(job_name="long")
     assert long.status == Status.FAILED and "stopped with the scheduler" in long.error
     assert not ledger.filter(status=Status.RUNNING).exists()
-    # No claim after the signal (the scheduler's pass it interrupted may still start one).
-    late = signalled + datetime.timedelta(seconds=1)
-    assert not ledger.filter(job_name="tick", started_at__gt=late).exists()
+    # No claim after the signal: at most the run whose start the signal interrupted (the
+    # scheduler says so when its handler runs), none after it.
+    _, signal_line, after_signal = out.partition("run_jobs: signal 15")
+    assert signal_line, out
+    assert after_signal.count("] started (pid") <= 1, after_signal
     assert is_free("schedule:long", using) and is_free("schedule:short", using)
 
 

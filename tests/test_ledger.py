@@ -21,6 +21,7 @@ from advisory_lock.periods import slot
 from tests.commands import finish
 from tests.commands import start
 from tests.commands import wait_for_line
+from tests.probes import freed
 from tests.probes import in_other_connection
 
 UTC = datetime.timezone.utc
@@ -291,12 +292,15 @@ def test_ledger_command_runs_once_per_slot_even_after_the_lock_is_dropped(ledger
     assert ledger.get(job_name="lockapp.ledger_job").status == JobRun.Status.SUCCEEDED
 
 
-def test_a_killed_ledger_command_is_abandoned_and_the_next_instance_runs(ledger, using):
-    holder = start(using, "ledger_job", "--seconds", "30")
+def test_a_killed_ledger_command_is_abandoned_and_the_next_instance_runs(ledger, using, tmp_path):
+    holder = start(using, "ledger_job", "--until", str(tmp_path / "never"))
     wait_for_line(holder, "running")
     holder.kill()
     finish(holder)
     assert ledger.get(job_name="lockapp.ledger_job").status == JobRun.Status.RUNNING
+    # The server frees a killed client's lock once it has noticed its connection is gone,
+    # a moment after the process is reaped: until then the next instance would find it busy.
+    assert freed("command:lockapp.ledger_job", using)
     status, out, err = finish(start(using, "ledger_job"))
     assert status == 0 and "finished" in out, err
     run = ledger.filter(job_name="lockapp.ledger_job").latest("attempt")

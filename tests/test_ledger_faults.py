@@ -33,9 +33,11 @@ from django.test import override_settings
 from advisory_lock import JobRun
 from advisory_lock import LockLost
 from advisory_lock import held_locks
+from tests.commands import HANG
 from tests.commands import finish
 from tests.commands import start
 from tests.commands import wait_for_line
+from tests.probes import freed
 from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.processes import ROOT
@@ -428,7 +430,7 @@ def test_a_lock_lost_while_finish_waits_for_a_row_lock_is_no_keyboard_interrupt(
         run = ledger.get(job_name="lockapp.ledger_job", status=RUNNING)
         with row_locked(using, run.pk):
             done.touch()  # the body ends: the command records its end, and waits for the row
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + HANG
             while not waiting_for_a_job_runs_row(using):
                 assert time.monotonic() < deadline, "the command never wrote its run's end"
                 time.sleep(0.2)  # MariaDB refreshes INNODB_TRX only after 0.1 s unread
@@ -470,7 +472,7 @@ def thread_job(using, monkeypatch):
 
         thread = threading.Thread(target=target)
         thread.start()
-        assert started.wait(20), "thread_job did not start"
+        assert started.wait(HANG), "thread_job did not start"
         return thread
 
     run.outcome = outcome
@@ -495,13 +497,17 @@ def test_a_command_in_a_thread_that_polls_lock_check_gets_lock_lost_soon_after_a
 
 @SERVERS
 def test_a_command_in_a_thread_that_does_not_poll_gets_lock_lost_when_it_returns(
-    using, thread_job
+    using, thread_job, tmp_path
 ):
-    thread = thread_job("--seconds", "4")
-    time.sleep(1.0)
+    go = tmp_path / "go"
+    thread = thread_job("--until", str(go))  # its body runs until the test creates "go"
     assert thread.is_alive(), thread_job.outcome
     kill_connection_of(using, holder_of("command:lockapp.thread_job", using))
-    thread.join(30)
+    # The kill only signals the session: the lock is lost once the server has ended it.
+    assert freed("command:lockapp.thread_job", using)
+    go.touch()
+    thread.join(HANG)
+    assert not thread.is_alive(), "thread_job did not return"
     assert isinstance(thread_job.outcome.get("error"), LockLost), thread_job.outcome
     assert "finished" in thread_job.outcome["out"]  # the body ran to its end, then LockLost
 

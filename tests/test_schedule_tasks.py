@@ -174,6 +174,32 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def state_of(pid: int) -> str:
+    """The process's state letter (R, S, T for stopped, Z, ...), "" if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def kill_between_slots(scheduler: subprocess.Popen) -> None:
+    """SIGKILL ``scheduler`` (and its process group) at a moment it has no live job process.
+    The look and the kill are one step: the scheduler is stopped (SIGSTOP) while the test
+    looks for its children, so it can't fork one in between; with a child, it goes on
+    (SIGCONT) and the test looks again."""
+
+    def stopped_without_children() -> bool:
+        os.kill(scheduler.pid, signal.SIGSTOP)
+        wait_for(lambda: state_of(scheduler.pid) in ("T", "t"), "the scheduler stopped")
+        if children_of(scheduler.pid):
+            os.kill(scheduler.pid, signal.SIGCONT)
+            return False
+        return True
+
+    wait_for(stopped_without_children, "the scheduler between two slots")
+    kill_group(scheduler)  # SIGKILL ends a stopped process too
+
+
 def stop(schedulers: Schedulers, fleet: list[subprocess.Popen]) -> str:
     """SIGTERM each scheduler of ``fleet``; each exits 0 once its job processes are done
     (no new claim after the signal). Returns their output. Each is signalled once its
@@ -471,8 +497,7 @@ def test_three_schedulers_enqueue_each_slot_once_on_celery_through_sigkills(
         killed = fleet.pop(0)
         # Between two of its slots: its job process, were it killed between the broker's
         # "accepted" and the row's update, would leave a task without a mark (docs).
-        wait_for(lambda: not children_of(killed.pid), "the scheduler between two slots")
-        kill_group(killed)
+        kill_between_slots(killed)
         wait_for(lambda: with_task.count() >= SLOTS, f"{SLOTS} slots enqueued")
         set_paused(using, name, True, "test")
         paused_entries.append(name)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 
 import pytest
 from django.core.checks import run_checks
@@ -18,6 +19,7 @@ from advisory_lock import advisory_lock
 from advisory_lock import signals
 from advisory_lock.inspection import held_locks
 from advisory_lock.inspection import known_keys
+from tests.commands import HANG
 from tests.probes import in_other_connection
 from tests.test_locks import held_elsewhere
 
@@ -45,18 +47,21 @@ def test_held_locks_shows_shared_holders_and_waiters(using):
         )
         waiting.start()
         try:
-            for _ in range(100):
+            # Until the server shows the waiter: a guard against a hang, not a timing.
+            deadline = time.monotonic() + HANG
+            while True:
                 locks = find(held_locks(using), "report:waiters")
                 if any(not lock.granted for lock in locks):
                     break
-                threading.Event().wait(0.02)
+                assert time.monotonic() < deadline, f"no waiter seen: {locks}"
+                time.sleep(0.02)
             assert {(lock.mode, lock.granted) for lock in locks} == {
                 ("shared", True),
                 ("exclusive", False),
             }
         finally:
             waiting.join(0)
-    waiting.join(10)
+    waiting.join(HANG)
 
 
 def _wait_for(key, using):
@@ -74,13 +79,16 @@ def test_mysql_waiters_come_from_the_processlist(using):
             target=lambda: in_other_connection(_wait_for, "report:mysql-waiter", using)
         )
         waiting.start()
-        for _ in range(100):
+        # Until the server shows the waiter: a guard against a hang, not a timing.
+        deadline = time.monotonic() + HANG
+        while True:
             locks = find(held_locks(using), "report:mysql-waiter")
-            if len(locks) == 2:
+            if any(not lock.granted for lock in locks):
                 break
-            threading.Event().wait(0.02)
+            assert time.monotonic() < deadline, f"no waiter seen: {locks}"
+            time.sleep(0.02)
         assert sorted(lock.granted for lock in locks) == [False, True]
-    waiting.join(10)
+    waiting.join(HANG)
 
 
 @pytest.mark.parametrize("using", ["mysql"], indirect=True)

@@ -13,6 +13,9 @@ from django.db import connections
 
 from advisory_lock import LockNotAcquired
 from advisory_lock import advisory_lock
+from advisory_lock.inspection import held_locks
+from tests.commands import HANG
+from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.test_locks import held_elsewhere
 
@@ -98,26 +101,58 @@ def test_a_try_finds_a_lock_another_task_holds_busy_and_the_same_task_may_take_i
 
 
 def test_a_wait_is_awaited_the_event_loop_keeps_running(using):
-    ticks = []
+    """The lock's wait is ended by a task of the waiter's own event loop, which can only run
+    if the wait does not block the loop: it lets the holder go once the loop has turned
+    ``TURNS`` times during the wait (and, on PostgreSQL, once the server shows the waiter
+    waiting there). A wait that blocked the loop would never see its lock let go."""
+    turns = 50
+    ticks = []  # time.monotonic() of each turn of the ticker, while the waiter waits
+    holder = held_elsewhere("async:waiting", using)  # taken and let go outside the loop
 
-    async def ticker(stop):
-        while not stop.is_set():
-            ticks.append(time.monotonic())
-            await asyncio.sleep(0.01)
+    async def waiting_in_the_server():
+        # Asked from a thread of its own (its connections closed after): awaited.
+        locks = await sync_to_async(in_other_connection, thread_sensitive=False)(held_locks, using)
+        return any(lock.name == "async:waiting" and not lock.granted for lock in locks)
 
     async def main():
-        stop = asyncio.Event()
-        tick = asyncio.ensure_future(ticker(stop))
-        with held_elsewhere("async:waiting", using):
-            with pytest.raises(LockNotAcquired):
-                async with advisory_lock("async:waiting", using=using, timeout=0.5):
-                    pass
-        stop.set()
-        await tick
+        async def wait_for_the_lock():
+            # Its wait ends when the holder lets go: the bound is a hang guard, not a timing.
+            async with advisory_lock("async:waiting", using=using, timeout=HANG) as handle:
+                return handle.acquired
 
-    run(main())
+        turned = asyncio.Event()
+
+        async def ticker():
+            while not waiter.done():
+                ticks.append(time.monotonic())
+                if len(ticks) >= turns:
+                    turned.set()
+                await asyncio.sleep(0.01)
+
+        waiter = asyncio.ensure_future(wait_for_the_lock())
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.wait_for(turned.wait(), HANG)
+        if using == "postgresql":  # the queue's first waiter waits inside the server
+            deadline = time.monotonic() + HANG
+            while not await waiting_in_the_server():
+                assert time.monotonic() < deadline, "the server never showed the waiter"
+        assert not waiter.done(), waiter  # it waited all along: the lock is held elsewhere
+        holder.done.set()  # no blocking call: the holder's thread lets go
+        acquired = await asyncio.wait_for(waiter, HANG)
+        await tick
+        return acquired
+
+    holder.__enter__()
+    try:
+        assert run(main()) is True
+    finally:
+        holder.__exit__(None, None, None)
+    assert len(ticks) >= turns
+    # And never blocked for long: ticks 0.01 s apart, each gap an order of magnitude below
+    # this generous bound on an idle machine (only the wait's own turns are measured).
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert len(ticks) > 20 and max(gaps) < 0.2  # the loop was never blocked for long
+    assert max(gaps) < 2.0, max(gaps)
+    assert is_free("async:waiting", using)
 
 
 def test_cancelled_while_waiting_or_holding_leaks_no_lock(using):

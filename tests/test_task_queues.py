@@ -30,6 +30,7 @@ from django.test import override_settings
 
 from advisory_lock import JobRun
 from advisory_lock import single_instance
+from tests.commands import HANG
 from tests.probes import is_free
 from tests.taskapp.bodies import read_mark
 from tests.taskapp.services import ROOT
@@ -211,14 +212,16 @@ def test_sigterm_to_a_db_worker_mid_task_lets_the_task_finish_then_stops_the_wor
         (worker,) = workers.values()
         result = tasks.hold_job.using(queue_name=queue).enqueue(run, str(started), str(release))
         try:
-            wait_until(lambda: read_mark(started), what="the task to start")
+            wait_until(lambda: read_mark(started), HANG, "the task to start")
             worker.proc.send_signal(signal.SIGTERM)  # db_worker: finish the task, then exit
-            time.sleep(0.3)
+            # The task is let go only once the worker has handled the signal (it says so):
+            # before, the task could end before the signal came.
+            worker.wait_for("shutting down gracefully", timeout=HANG)
         finally:
             release.touch()
-        wait_until(lambda: finished([result]), what="the task to finish")
+        wait_until(lambda: finished([result]), HANG, "the task to finish")
         assert succeeded(result, tasks) is not None
-        assert worker.proc.wait(5) == 0
+        assert worker.proc.wait(HANG) == 0
 
 
 # Celery: a worker with two prefork children.

@@ -90,7 +90,7 @@ class Schedulers:
         self.started.append(process)
         return process
 
-    def finish(self, process, timeout: float = 60) -> tuple[int, str, str]:
+    def finish(self, process, timeout: float = HANG) -> tuple[int, str, str]:
         """Wait for ``process``; return (exit status, stdout, stderr)."""
         try:
             process.wait(timeout)
@@ -135,7 +135,7 @@ def server_now(using: str) -> datetime.datetime:
     return inspector_for(connections[using]).database_now()
 
 
-def wait_for(condition, what: str, timeout: float = 30):
+def wait_for(condition, what: str, timeout: float = HANG):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():
@@ -350,7 +350,7 @@ def test_a_fleet_of_run_jobs_once_started_together_runs_the_due_slot_once(
     # later ones find the slot done.
     schedule = {"fleet": {"callable": f"{JOBS}.nap", "every": long_interval(using)}}
     fleet = [schedulers.start(schedule, "--once") for _ in range(FLEET[using])]
-    results = [schedulers.finish(process, timeout=120) for process in fleet]
+    results = [schedulers.finish(process) for process in fleet]
     assert [status for status, _, _ in results if status != 0] == [], results
     [run] = ledger.all()
     assert run.job_name == "fleet" and run.status == Status.SUCCEEDED
@@ -367,11 +367,11 @@ def test_sigterm_stops_claiming_lets_running_jobs_finish_within_the_grace_then_s
 ):
     every = long_interval(using)
     schedule = {
-        "short": {"callable": f"{JOBS}.nap", "every": every},  # 2 s
+        "short": {"callable": f"{JOBS}.until_go", "every": every},  # until the test says
         "long": {"callable": f"{JOBS}.sleep_long", "every": every},  # 2 min
         "tick": {"callable": f"{JOBS}.tick", "every": 1},
     }
-    process = schedulers.start(schedule, "--stop-grace", "3")
+    process = schedulers.start(schedule, "--stop-grace", "10")
     wait_for(
         lambda: ledger.filter(job_name__in=["short", "long"], status=Status.RUNNING).count() == 2,
         "both jobs running",
@@ -379,10 +379,11 @@ def test_sigterm_stops_claiming_lets_running_jobs_finish_within_the_grace_then_s
     )
     process.send_signal(signal.SIGTERM)
     started = time.monotonic()
+    (schedulers.folder / "go").touch()  # the short job ends within the grace (10 s)
     status, out, err = schedulers.finish(process)
     took = time.monotonic() - started
     assert status == 0, err
-    assert 2.5 < took < 60, (took, out)  # it waited for the grace; generous above
+    assert 9.5 < took < HANG, (took, out)  # it waited for the grace (the long job's)
     assert ledger.get(job_name="short").status == Status.SUCCEEDED  # finished within grace
     long = ledger.get(job_name="long")
     assert long.status == Status.FAILED and "stopped with the scheduler" in long.error
@@ -429,7 +430,7 @@ def test_a_running_row_left_on_a_slot_nobody_claims_again_is_swept_to_abandoned(
     )
     schedule = {"stale": {"callable": f"{JOBS}.tick", "every": every}}
     process = schedulers.start(schedule)
-    wait_for(lambda: ledger.get(pk=stale.pk).status == Status.ABANDONED, "the sweep", timeout=20)
+    wait_for(lambda: ledger.get(pk=stale.pk).status == Status.ABANDONED, "the sweep")
     process.send_signal(signal.SIGTERM)
     assert schedulers.finish(process)[0] == 0
 
@@ -586,6 +587,6 @@ def test_run_jobs_does_not_start_on_a_bad_schedule(using, ledger, schedulers):
     status, out, err = schedulers.once(schedule)
     assert status != 0 and "advisory_lock.E011" in err and "the-bad-one" in err, out + err
     process = schedulers.start(schedule, "--skip-checks")  # forever, were it to start
-    status, out, err = schedulers.finish(process, timeout=30)
+    status, out, err = schedulers.finish(process)
     assert status != 0 and "CommandError" in err and "the-bad-one" in err, out + err
     assert not ledger.exists()

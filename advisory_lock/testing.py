@@ -38,7 +38,9 @@ __all__ = [
     "release_test_locks",
 ]
 
-_DEADLINE = 10  # seconds for the other connection to take or let go of the lock
+#: Seconds for the other connection to take or let go of the lock: a guard against a hang on a
+#: busy machine, not a timing.
+_DEADLINE = 120
 
 
 @contextmanager

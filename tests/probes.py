@@ -24,7 +24,7 @@ def in_other_connection(func, *args, **kwargs):
 
     thread = threading.Thread(target=target)
     thread.start()
-    thread.join(30)
+    thread.join(300)  # a guard against a hang, not a timing
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

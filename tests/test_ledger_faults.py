@@ -91,7 +91,7 @@ def holder_of(name, using):
     return ids[0]
 
 
-def wait_until_free(key, using, timeout=15.0):
+def wait_until_free(key, using, timeout=300.0):
     """Wait (bounded) until another connection could take ``key``: the server has noticed
     that the killed holder's connection is gone."""
     deadline = time.monotonic() + timeout

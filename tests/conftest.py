@@ -49,6 +49,20 @@ def ledger(using):
     rows.all().delete()
 
 
+@pytest.fixture
+def schedulers(using, tmp_path):
+    """Starts ``run_jobs`` processes on ``using`` (tests/schedulers.py); they and their jobs
+    are killed at the end of the test (test files that need more cleaned up define a
+    ``schedulers`` of their own)."""
+    from tests.schedulers import Schedulers
+
+    started = Schedulers(using, tmp_path)
+    try:
+        yield started
+    finally:
+        started.kill_all()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Remove the run's folder (SQLite files, lock files) if this process made it."""
     if os.environ.get("ADVISORY_LOCK_TEST_DIR_OWNER") == str(os.getpid()):

@@ -1,4 +1,4 @@
-"""Settings of the ``run_jobs`` processes that ``tests/test_scheduler.py`` starts.
+"""Settings of the ``run_jobs`` processes that ``tests/schedulers.py`` starts.
 
 The test settings (run them as a worker: ADVISORY_LOCK_TEST_WORKER=1, and
 ADVISORY_LOCK_TEST_DEFAULT=<alias> to run on that alias's test database as "default"), plus:

@@ -3,7 +3,7 @@
 Through Django's test client with CSRF checks on (as a browser meets them): each action is a
 POST carrying the form's CSRF token, needs its own permission, and lands in the admin's
 history. The scheduler that acts on a run-now request is a real ``run_jobs`` process
-(tests/test_scheduler.py's ``Schedulers``) on the SQLite test database the admin uses.
+(tests/schedulers.py's ``Schedulers``) on the SQLite test database the admin uses.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from advisory_lock.control import JobControl
 from advisory_lock.control import is_paused
 from advisory_lock.liveness import SchedulerHeartbeat
 from advisory_lock.models import JobRun
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import Schedulers
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import settings_with
+from tests.schedulers import JOBS
+from tests.schedulers import Schedulers
+from tests.schedulers import long_interval
+from tests.schedulers import settings_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SCHEDULE = "admin:advisory_lock_jobrun_schedule"

@@ -35,6 +35,8 @@ from advisory_lock.testing import isolated_ledger
 from testproject.example.models import Counter
 from tests.probes import in_other_connection
 from tests.probes import is_free
+from tests.schedulers import JOBS
+from tests.schedulers import long_interval
 from tests.test_ledger_faults import SERVERS
 from tests.test_ledger_faults import attempts
 from tests.test_ledger_faults import children  # noqa: F401 (a fixture)
@@ -42,9 +44,6 @@ from tests.test_ledger_faults import crash
 from tests.test_ledger_faults import kill_lock
 from tests.test_ledger_faults import wait_until_free
 from tests.test_ledger_faults import waiting_for_a_job_runs_row
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import schedulers  # noqa: F401 (a fixture)
 
 RUNNING, SUCCEEDED = JobRun.Status.RUNNING, JobRun.Status.SUCCEEDED
 FAILED, ABANDONED = JobRun.Status.FAILED, JobRun.Status.ABANDONED
@@ -397,7 +396,7 @@ def test_an_atomic_schedule_entry_commits_its_writes_with_its_success(
     ledger,
     effects,
     using,
-    schedulers,  # noqa: F811 (the fixture)
+    schedulers,
 ):
     every = long_interval(using)
     schedule = {

@@ -1,7 +1,7 @@
 """The control room: scheduler heartbeats, pause and resume, run now, the slot timeline and
 the overdue report's use of them, on every backend.
 
-The schedulers are real ``manage.py run_jobs`` processes, started as tests/test_scheduler.py
+The schedulers are real ``manage.py run_jobs`` processes, started as tests/schedulers.py
 starts them (its ``Schedulers``): settings tests/schedule_settings.py on the pytest run's
 test database of the alias under test, the schedule from the environment as JSON, the jobs
 from tests/schedule_jobs.py, which append a JSON line to ``runs.jsonl`` for each run. Each
@@ -37,13 +37,13 @@ from advisory_lock.control import manual_slot
 from advisory_lock.liveness import LIVE_WITHIN
 from advisory_lock.liveness import SchedulerHeartbeat
 from tests.schedule_jobs import runs
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import Schedulers
-from tests.test_scheduler import alive
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import minute
-from tests.test_scheduler import server_now
-from tests.test_scheduler import wait_for
+from tests.schedulers import JOBS
+from tests.schedulers import Schedulers
+from tests.schedulers import alive
+from tests.schedulers import long_interval
+from tests.schedulers import minute
+from tests.schedulers import server_now
+from tests.schedulers import wait_for
 
 UTC = datetime.timezone.utc
 Status = JobRun.Status

@@ -1,7 +1,7 @@
 """LISTEN/NOTIFY: ``run_jobs`` on PostgreSQL hears operators' requests at once.
 
 The schedulers are real ``manage.py run_jobs`` processes, started as tests/test_control_room.py
-starts them (its fixtures, tests/test_scheduler.py's ``Schedulers``), on the pytest run's test
+starts them (its fixtures, tests/schedulers.py's ``Schedulers``), on the pytest run's test
 database of the alias under test; the operators' requests are ``run_jobs --run-now/--pause``
 processes of their own. A scheduler started with ``--poll-interval 3600`` would not look for
 requests for an hour: on PostgreSQL the request's NOTIFY, sent with its row's transaction,
@@ -41,6 +41,12 @@ from advisory_lock.backends import backend_class
 from advisory_lock.backends.postgresql import holder_process
 from advisory_lock.control import JobControl
 from advisory_lock.liveness import SchedulerHeartbeat
+from tests.schedulers import JOBS
+from tests.schedulers import ROOT
+from tests.schedulers import Schedulers
+from tests.schedulers import long_interval
+from tests.schedulers import server_now
+from tests.schedulers import wait_for
 from tests.test_control_room import HANG
 from tests.test_control_room import controls
 from tests.test_control_room import due
@@ -48,12 +54,6 @@ from tests.test_control_room import heartbeats
 from tests.test_control_room import output
 from tests.test_control_room import run_jobs
 from tests.test_control_room import schedulers
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import ROOT
-from tests.test_scheduler import Schedulers
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import server_now
-from tests.test_scheduler import wait_for
 
 Status = JobRun.Status
 Action = JobControl.Action

@@ -2,7 +2,7 @@
 task once, on Django Tasks (django-tasks-db's ``db_worker``) and on Celery (Redis, RabbitMQ),
 and follow each task to its end.
 
-The schedulers are the real processes of tests/test_scheduler.py (``Schedulers``); the
+The schedulers are the real processes of tests/schedulers.py (``Schedulers``); the
 workers are those of tests/test_task_queues.py (tests/taskapp/services.py); the tasks are in
 tests/taskapp/schedule_tasks.py (Django Tasks) and tests/taskapp/schedule_celery.py (Celery),
 and record each execution in a file with their own task id. A task entry's arguments are the
@@ -41,6 +41,11 @@ from advisory_lock import JobRun
 from advisory_lock.control import JobControl
 from advisory_lock.control import set_paused
 from advisory_lock.liveness import SchedulerHeartbeat
+from tests.schedulers import Schedulers
+from tests.schedulers import alive
+from tests.schedulers import long_interval
+from tests.schedulers import server_now
+from tests.schedulers import settings_with
 from tests.taskapp.schedule_bodies import executions
 from tests.taskapp.schedule_bodies import fails
 from tests.taskapp.services import WorkerProcess
@@ -51,11 +56,6 @@ from tests.taskapp.services import missing
 from tests.taskapp.services import start_db_worker
 from tests.taskapp.services import wait_until
 from tests.taskapp.services import worker_env
-from tests.test_scheduler import Schedulers
-from tests.test_scheduler import alive
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import server_now
-from tests.test_scheduler import settings_with
 
 Status = JobRun.Status
 RECORD = "tests.taskapp.schedule_tasks.record"
@@ -111,15 +111,6 @@ def wait_for_a_poll_after(using: str, pid: int, moment: datetime.datetime) -> No
 def canonical(task_id: str) -> str:
     """A django-tasks-db id as ``str(UUID)``, however it was written."""
     return str(uuid.UUID(str(task_id)))
-
-
-@pytest.fixture
-def schedulers(using, tmp_path):
-    started = Schedulers(using, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 @pytest.fixture

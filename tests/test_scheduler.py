@@ -9,7 +9,6 @@ session of its own: the test ends it and every job process it forked, whatever h
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import io
 import json
@@ -27,20 +26,26 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
-from django.test import override_settings
 from django.urls import reverse
 
 from advisory_lock import JobRun
-from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
 from advisory_lock.liveness import SchedulerHeartbeat
 from tests.probes import is_free
 from tests.schedule_jobs import runs
+from tests.schedulers import HANG
+from tests.schedulers import JOBS
+from tests.schedulers import UTC
+from tests.schedulers import Schedulers
+from tests.schedulers import alive
+from tests.schedulers import at
+from tests.schedulers import long_interval
+from tests.schedulers import minute
+from tests.schedulers import second
+from tests.schedulers import server_now
+from tests.schedulers import settings_with
+from tests.schedulers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-UTC = datetime.timezone.utc
-JOBS = "tests.schedule_jobs"
 Status = JobRun.Status
 #: The fleet of ``run_jobs --once`` per backend. Each instance is a Django start-up, about
 #: 0.5 s of CPU: 64 would take half a minute of make test on two cores; bench/scheduler.py
@@ -48,79 +53,6 @@ Status = JobRun.Status
 FLEET = {"default": 8, "postgresql": 16, "mysql": 8}
 DJANGO_ADMIN = [str(Path(sys.executable).parent / "django-admin")]
 PYTHON_M_DJANGO = [sys.executable, "-m", "django"]
-#: A guard against a hang, never a timing: how long a wait for an event may last.
-HANG = 240.0
-
-
-class Schedulers:
-    """Starts ``run_jobs`` processes on one database; ``kill_all`` ends them and their jobs."""
-
-    def __init__(self, using: str, folder: Path) -> None:
-        self.using, self.folder = using, folder
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, schedule, *argv, program=None, server_clock=None) -> subprocess.Popen:
-        number = len(self.started)
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.schedule_settings",
-            "ADVISORY_LOCK_TEST_WORKER": "1",
-            "ADVISORY_LOCK_TEST_DEFAULT": self.using,
-            "ADVISORY_LOCK_TEST_SCHEDULE": json.dumps(schedule),
-            "ADVISORY_LOCK_TEST_JOBS_DIR": str(self.folder),
-            "PYTHONPATH": str(ROOT),  # django-admin does not put the current folder first
-            "PYTHONUNBUFFERED": "1",
-        }
-        if server_clock is not None:
-            env["ADVISORY_LOCK_TEST_SERVER_CLOCK"] = str(int(server_clock.timestamp()))
-        # Files, not pipes: a job process inherits them, and may outlive a killed scheduler.
-        with (
-            open(self.folder / f"run_jobs.{number}.out", "w") as out,
-            open(self.folder / f"run_jobs.{number}.err", "w") as err,
-        ):
-            process = subprocess.Popen(
-                [*(program or [sys.executable, str(ROOT / "manage.py")]), "run_jobs", *argv],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-        process.number = number
-        self.started.append(process)
-        return process
-
-    def finish(self, process, timeout: float = HANG) -> tuple[int, str, str]:
-        """Wait for ``process``; return (exit status, stdout, stderr)."""
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"run_jobs still running after {timeout}s") from None
-        out = (self.folder / f"run_jobs.{process.number}.out").read_text()
-        err = (self.folder / f"run_jobs.{process.number}.err").read_text()
-        return process.returncode, out, err
-
-    def once(self, schedule, *argv, **options) -> tuple[int, str, str]:
-        return self.finish(self.start(schedule, "--once", *argv, **options))
-
-    def kill_all(self) -> None:
-        """SIGKILL every scheduler and its jobs, and delete their heartbeat rows: a killed
-        scheduler counts as alive for 3 s, which the next test must not see."""
-        for process in self.started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        pids = [process.pid for process in self.started]
-        SchedulerHeartbeat.objects.using(self.using).filter(pid__in=pids).delete()
-
-
-@pytest.fixture
-def schedulers(using, tmp_path):
-    started = Schedulers(using, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 @pytest.fixture
@@ -129,19 +61,6 @@ def ledger(using):
     rows = JobRun.objects.using(using)
     yield rows
     rows.all().delete()
-
-
-def server_now(using: str) -> datetime.datetime:
-    return inspector_for(connections[using]).database_now()
-
-
-def wait_for(condition, what: str, timeout: float = HANG):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def wait_until_up(schedulers: Schedulers, fleet: list[subprocess.Popen]) -> None:
@@ -157,42 +76,6 @@ def succeeded_slots(ledger, job_name: str) -> set[str]:
     return set(
         ledger.filter(job_name=job_name, status=Status.SUCCEEDED).values_list("period", flat=True)
     )
-
-
-def long_interval(using: str, margin: float = 150) -> int:
-    """An ``every`` of about an hour whose current slot ends at least ``margin`` seconds from
-    now (server clock): that slot stays the most recent due one for the whole test."""
-    now = server_now(using).timestamp()
-    every = 3600
-    while now % every > every - margin:
-        every += 1
-    return every
-
-
-def second(moment: datetime.datetime) -> str:
-    """The slot name of an entry with ``every`` below a minute (UTC: the tests' time zone)."""
-    return f"{moment:%Y-%m-%dT%H:%M:%S}"
-
-
-def minute(moment: datetime.datetime) -> str:
-    return f"{moment:%Y-%m-%dT%H:%M}"
-
-
-def at(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, UTC)
-
-
-def alive(pid: int) -> bool:
-    """Is ``pid`` running (neither gone nor a zombie waiting to be reaped)?"""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def settings_with(schedule):
-    return override_settings(ADVISORY_LOCK={"NAMESPACE": "tests", "SCHEDULE": schedule})
 
 
 # A fleet of schedulers: each slot once, none missed, no overlap.

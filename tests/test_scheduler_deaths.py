@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the tests take the fixture ``schedulers``, imported below)
 """A job process that the scheduler saw die, while the server still holds its lock.
 
 A server frees a dead client's locks once it has read the end of its connection, a moment
@@ -17,9 +16,8 @@ from pathlib import Path
 
 from advisory_lock import JobRun
 from tests.probes import is_free
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import schedulers  # noqa: F401  (the fixture the tests take)
-from tests.test_scheduler import wait_for
+from tests.schedulers import long_interval
+from tests.schedulers import wait_for
 
 JOBS = "tests.schedule_jobs"
 Status = JobRun.Status

@@ -16,14 +16,14 @@ from __future__ import annotations
 import signal
 
 from advisory_lock.liveness import SchedulerHeartbeat
+from tests.schedulers import JOBS
+from tests.schedulers import long_interval
+from tests.schedulers import wait_for
 from tests.test_control_room import controls  # noqa: F401 (a fixture)
 from tests.test_control_room import heartbeats  # noqa: F401 (a fixture)
 from tests.test_control_room import output
 from tests.test_control_room import schedulers  # noqa: F401 (a fixture)
 from tests.test_listen_notify import on_postgresql
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import wait_for
 
 ENTRIES = 120
 

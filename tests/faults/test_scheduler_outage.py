@@ -45,13 +45,13 @@ from tests.faults.helpers import start_server
 from tests.faults.helpers import stop_server
 from tests.faults.helpers import wait_for_other_pytest_runs
 from tests.schedule_jobs import runs
-from tests.test_scheduler import JOBS
-from tests.test_scheduler import ROOT
-from tests.test_scheduler import alive
-from tests.test_scheduler import at
-from tests.test_scheduler import long_interval
-from tests.test_scheduler import second
-from tests.test_scheduler import server_now
+from tests.schedulers import JOBS
+from tests.schedulers import ROOT
+from tests.schedulers import alive
+from tests.schedulers import at
+from tests.schedulers import long_interval
+from tests.schedulers import second
+from tests.schedulers import server_now
 
 pytestmark = pytest.mark.faults
 

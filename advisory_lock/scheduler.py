@@ -207,10 +207,11 @@ class Scheduler:
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
         while any(pending.values()) or self.children:
             for name, slots in pending.items():
-                if slots and name not in self.children:
+                if slots and not self.busy(name):
                     self.start(self.entries[name], slots.pop(0))
             self.reap()
             time.sleep(_LOOP / 4)
+        self._record_deaths_before_exit()
         return 1 if self.failed else 0
 
     def sweep(self) -> None:
@@ -308,7 +309,7 @@ class Scheduler:
         for name, entry in self.entries.items():
             if self.stopping:
                 return
-            if name in self.children:
+            if self.busy(name):
                 continue  # one run of an entry at a time
             slots = self.due_slots(entry, now)
             if slots:
@@ -317,13 +318,13 @@ class Scheduler:
 
     def start_requested(self) -> None:
         """Start the pending run-now requests of the entries that have no run going here."""
-        idle = [name for name in self.entries if name not in self.children]
+        idle = [name for name in self.entries if not self.busy(name)]
         if not idle:
             return
         for request in pending_requests(self.using, idle, self.now()):
             if self.stopping:
                 return
-            if request.job_name not in self.children:
+            if not self.busy(request.job_name):
                 self.start(self.entries[request.job_name], request.slot, manual=True)
 
     def follow_tasks(self) -> None:
@@ -456,6 +457,15 @@ class Scheduler:
         return False
 
     # Children.
+
+    def busy(self, name: str) -> bool:
+        """Whether the entry ``name`` has a run here that has not ended recorded: a running
+        child, or a dead one whose failure waits for the server to free its lock. Until then
+        no run of the entry starts here: the next attempt's claim would find the dead run's
+        row under a free lock and mark it abandoned, losing how it ended."""
+        return name in self.children or any(
+            death.child.entry.name == name for death in self._deaths
+        )
 
     def start(self, entry: Entry, slot: str, *, manual: bool = False) -> None:
         """Run ``entry``'s ``slot`` in a child process. A ``manual`` (run-now) slot's process

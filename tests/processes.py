@@ -31,12 +31,12 @@ class WorkerError(AssertionError):
 class Worker:
     """One ``python -m tests.worker`` process."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], module: str = "tests.worker") -> None:
         self.args = args
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill())
         self._buffer = b""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.worker", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
@@ -115,6 +115,16 @@ class Worker:
             if not stream.closed:
                 stream.close()
         self._stderr.close()
+
+
+class SchedulerChild(Worker):
+    """One ``python -m tests.scheduler_child`` process: a scheduler driven step by step."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        super().__init__(args, env, module="tests.scheduler_child")
+
+    def command(self, verb: str, slot: str, name: str, options: dict[str, Any]) -> None:
+        self.send(f"{verb} {slot} {json.dumps({'name': name, **options})}")
 
 
 class Workers:

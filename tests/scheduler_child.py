@@ -11,6 +11,12 @@ command per line on stdin, each naming a SCHEDULE entry as JSON (its name includ
   process that takes the entry's lock and claims the slot), wait for the job process to end
   and say ``ended`` with what the scheduler said of it (``succeeded``, ``failed``,
   ``skipped``).
+* ``pass - ENTRY``: one pass over the due slots, as ``run_jobs`` makes it
+  (``Scheduler.start_due``), without waiting for what it started. Says ``passed`` with what
+  the scheduler said (``said``, a list) and the job processes running (``running``, pids).
+* ``reap - ENTRY``: collect the job processes that ended and record how, as a pass of
+  ``run_jobs`` does (``Scheduler.reap``); once, or until none runs, if one does (the test
+  has killed it). Says ``reaped`` with ``said``.
 
 EOF on stdin ends it. No sleep orders anything: the test sends each command when the events
 it waits for have been said.
@@ -48,6 +54,20 @@ def main() -> None:
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
         if verb == "decide":
             say("decided", wants=scheduler._wants_run(entry, slot, latest=True))
+            continue
+        if verb == "pass":
+            said.clear()
+            scheduler.start_due()
+            running = [child.process.pid for child in scheduler.children.values()]
+            say("passed", said=said, running=running)
+            continue
+        if verb == "reap":
+            said.clear()
+            scheduler.reap()
+            while scheduler.children:
+                time.sleep(0.01)  # polling the killed job process, as run_jobs does
+                scheduler.reap()
+            say("reaped", said=said)
             continue
         said.clear()
         scheduler.start(entry, slot)

@@ -11,42 +11,16 @@ the steps by the events the processes say, never by sleeps.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
-
 import pytest
 
 from advisory_lock import JobRun
-from tests.processes import ROOT
-from tests.processes import Worker
+from tests.processes import SchedulerChild
 from tests.processes import Workers
 
 FAILED = JobRun.Status.FAILED
 #: An entry that always fails and may not be retried.
 ALWAYS_FAILS = {"callable": "tests.schedule_jobs.fail", "every": 3600, "retries": 0}
 FLEET = 3
-
-
-class SchedulerChild(Worker):
-    """One ``python -m tests.scheduler_child`` process (a Worker: JSON lines out, cues in)."""
-
-    def __init__(self, args, env):
-        self.args = args
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill())
-        self._buffer = b""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.scheduler_child", *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-        )
-
-    def command(self, verb: str, slot: str, name: str, options: dict) -> None:
-        self.send(f"{verb} {slot} {json.dumps({'name': name, **options})}")
 
 
 @pytest.fixture

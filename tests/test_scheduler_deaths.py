@@ -64,6 +64,19 @@ def let_the_heir_go(folder: Path, heir: int) -> None:
         os.kill(heir, signal.SIGKILL)
 
 
+def it_waits_for_the_lock(folder: Path, process, ledger, run, heir: int, end_the_run) -> None:
+    """``end_the_run``; the scheduler ``process`` must then say that it waits for the dead
+    run's lock, and wait, still running, with the row running; then let the heir go."""
+    try:
+        end_the_run()
+        said = wait_for(lambda: word_on_the_dead_run(folder, process.number), "a word", HANG)
+        assert WAITING in said[0], said
+        assert process.poll() is None  # still waiting for the lock
+        assert ledger.get(pk=run.pk).status == Status.RUNNING
+    finally:
+        let_the_heir_go(folder, heir)
+
+
 def test_a_dead_job_is_recorded_failed_once_the_server_has_freed_its_lock(
     using, ledger, schedulers, tmp_path
 ):
@@ -106,14 +119,9 @@ def test_a_scheduler_stopping_records_the_job_it_killed_once_its_lock_is_free(
     waits for that before it exits."""
     schedule = {"heir": {"callable": f"{JOBS}.fork_an_heir", "every": long_interval(using)}}
     process, heir, run = heir_of(using, ledger, schedule, schedulers, "--stop-grace", "0")
-    try:
-        process.send_signal(signal.SIGTERM)
-        said = wait_for(lambda: word_on_the_dead_run(tmp_path, process.number), "a word", HANG)
-        assert WAITING in said[0], said
-        assert process.poll() is None  # still waiting for the lock
-        assert ledger.get(pk=run.pk).status == Status.RUNNING
-    finally:
-        let_the_heir_go(tmp_path, heir)
+    it_waits_for_the_lock(
+        tmp_path, process, ledger, run, heir, lambda: process.send_signal(signal.SIGTERM)
+    )
     status, out, err = schedulers.finish(process, timeout=HANG)
     assert status == 0, err
     run = ledger.get(pk=run.pk)
@@ -187,14 +195,9 @@ def test_run_jobs_once_records_its_dead_job_once_its_lock_is_free(
     sweep). It now waits for the lock, as a stopping scheduler does."""
     schedule = {"heir": {"callable": f"{JOBS}.fork_an_heir", "every": long_interval(using)}}
     process, heir, run = heir_of(using, ledger, schedule, schedulers, "--once")
-    try:
-        os.kill(run.pid, signal.SIGKILL)
-        said = wait_for(lambda: word_on_the_dead_run(tmp_path, process.number), "a word", HANG)
-        assert WAITING in said[0], said
-        assert process.poll() is None  # still waiting for the lock
-        assert ledger.get(pk=run.pk).status == Status.RUNNING
-    finally:
-        let_the_heir_go(tmp_path, heir)
+    it_waits_for_the_lock(
+        tmp_path, process, ledger, run, heir, lambda: os.kill(run.pid, signal.SIGKILL)
+    )
     status, out, err = schedulers.finish(process, timeout=HANG)
     assert status == 1, err  # a run failed
     run = ledger.get(pk=run.pk)

@@ -147,7 +147,11 @@ def test_lock_statements_already_prepared_on_the_server_connection_are_used(usin
 
 
 @postgresql_only
+@pytest.mark.fills_lock_table
 def test_a_full_lock_table_raises_an_error_naming_max_locks_per_transaction(using):
+    """The lock table is the server's, shared by every session: while it is full, any other
+    connection's start or lock fails with "out of shared memory" (a db_worker of another
+    test died of it). So this test runs alone (the marker; make test's second step)."""
     locks = []
     try:
         with pytest.raises(AdvisoryLockError, match="max_locks_per_transaction"):

@@ -1,4 +1,5 @@
-"""Start ``python -m tests.worker`` processes and talk to them, line by line, with time bounds.
+"""Start ``python -m tests.worker`` processes (and ``tests.scheduler_child``, the same way) and
+talk to them, line by line, with time bounds.
 
 A worker writes one JSON object per line on stdout (``{"event": ..., ...}``) and reads
 commands, one per line, on stdin. Every read here has a deadline, so a stuck worker fails the

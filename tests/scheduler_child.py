@@ -1,6 +1,7 @@
 """One scheduler of a fleet, driven step by step: ``python -m tests.scheduler_child --using A``.
 
-For tests/test_scheduler_retries.py. Started like tests/ledger_child.py (with the run's
+For tests/test_scheduler_retries.py and test_scheduler_deaths.py (``SchedulerChild`` in
+tests/processes.py). Started like tests/ledger_child.py (with the run's
 settings, see tests/processes.py), it writes one JSON object per line on stdout and reads one
 command per line on stdin, each naming a SCHEDULE entry as JSON (its name included):
 

@@ -31,7 +31,15 @@ SDIST = f"django_advisory_lock-{VERSION}.tar.gz"
 DIST_INFO = f"django_advisory_lock-{VERSION}.dist-info"
 
 #: What users install; the development-only groups (test, bench, dist) must not be among them.
-USER_EXTRAS = {"postgres", "mysql", "opentelemetry", "schedule", "celery", "tasks"}
+USER_EXTRAS = {
+    "postgres",
+    "mysql",
+    "opentelemetry",
+    "schedule",
+    "celery",
+    "tasks",
+    "tasks-backport",
+}
 CLASSIFIERS = {
     "Development Status :: 4 - Beta",
     "Framework :: Django",
@@ -128,6 +136,15 @@ def check_metadata(metadata: Message) -> None:
     # Unconditional requirements: Django only. Development tools are dependency groups.
     assert [r for r in requires if "extra ==" not in r] == ["Django>=5.2"]
     assert not [r for r in requires if re.match(r"(pytest|ruff|mypy|hypothesis|build|twine)", r)]
+    # The tasks extra is for Django 6.0's django.tasks: the django-tasks backport (for Django
+    # 5.2) comes with tasks-backport only, never installed beside Django 6 by the tasks extra.
+    extras = {
+        name: [r.split(";")[0] for r in requires if r.endswith(f'extra == "{name}"')]
+        for name in ("tasks", "tasks-backport")
+    }
+    backport = re.compile(r"django-tasks($|[<>=!~ ])")
+    assert extras["tasks"] and not [r for r in extras["tasks"] if backport.match(r)], extras
+    assert [r for r in extras["tasks-backport"] if backport.match(r)], extras
 
     # The long description is the README, as the package index shows it: every link absolute.
     assert metadata["Description-Content-Type"] == "text/markdown"

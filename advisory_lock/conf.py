@@ -1,11 +1,15 @@
-"""The ``ADVISORY_LOCK`` setting, read lazily (and again when a test overrides it)."""
+"""The ``ADVISORY_LOCK`` setting, read lazily (and again when a test overrides it), and
+whether the app is in ``INSTALLED_APPS``, which the ledger needs."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.signals import setting_changed
+
+from advisory_lock.exceptions import LedgerNotMigrated
 
 DEFAULTS: dict[str, Any] = {
     # Prefix of every string key, so that two apps sharing a database don't collide.
@@ -54,3 +58,24 @@ def _clear_cache(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_clear_cache, dispatch_uid="advisory_lock.conf")
+
+#: What the ledger's features say when the app is not in INSTALLED_APPS.
+APP_NOT_INSTALLED = (
+    'The ledger needs the app: add "advisory_lock" to INSTALLED_APPS, then run manage.py '
+    "migrate. Its tables keep the runs of ledger=..., run_once, run_jobs and job_runs, and the "
+    "marks of enqueue_unique; locks, and @single_instance without a ledger, work without it."
+)
+
+
+def require_app() -> None:
+    """Raise ``LedgerNotMigrated`` (an ``ImproperlyConfigured``) saying to install the app
+    and migrate, unless ``advisory_lock`` is in ``INSTALLED_APPS``.
+
+    Called by each module that defines one of the app's models, before it does: Django can
+    only define a model of an installed app, and would otherwise raise its generic
+    ``RuntimeError`` ("doesn't declare an explicit app_label"). So every way into the ledger
+    (``ledger=``, ``run_once``, ``JobRun``, ``enqueue_unique``) says what to do, and the lock
+    path, which imports none of those modules, works without the app.
+    """
+    if not apps.is_installed("advisory_lock"):
+        raise LedgerNotMigrated(APP_NOT_INSTALLED)

@@ -28,7 +28,9 @@ class ReplicaError(AdvisoryLockError, ImproperlyConfigured):
 
 class LedgerNotMigrated(AdvisoryLockError, ImproperlyConfigured):
     """The ``job_runs`` ledger's table is missing (or lacks columns) on its database: the
-    app's migrations were not applied there. ``manage.py migrate`` creates it."""
+    app's migrations were not applied there. ``manage.py migrate`` creates it. Also raised
+    by every way into the ledger when the app is not in ``INSTALLED_APPS``: add it, then
+    migrate."""
 
 
 class SlotAlreadySucceeded(LockLost):

@@ -31,10 +31,12 @@ from typing import ClassVar
 from typing import Literal
 from typing import Protocol
 
+from django.core.signals import request_finished
 from django.db import DatabaseError
 from django.db import connections
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from advisory_lock import metrics
 from advisory_lock import signals
@@ -458,3 +460,10 @@ def connection_reopened(*, connection: BaseDatabaseWrapper, **kwargs: Any) -> No
     locks = _connection_locks.get(connection)
     if locks is not None:
         locks.reopened()
+
+
+# Connected when the locks load, not in the app's ready(): a project that takes locks without
+# "advisory_lock" in INSTALLED_APPS gets the same fallbacks. (The dispatch_uid makes a second
+# connection a no-op.)
+request_finished.connect(release_leftovers, dispatch_uid="advisory_lock.leftovers")
+connection_created.connect(connection_reopened, dispatch_uid="advisory_lock.reopened")

@@ -55,6 +55,7 @@ from advisory_lock import metrics
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
+from advisory_lock.conf import require_app
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LedgerNotMigrated
@@ -121,6 +122,10 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
     ) -> int:
         """Mark running rows whose lock is free as abandoned; return how many."""
         return mark_abandoned(self.db, job_name=job_name, period=period, force=force)
+
+
+# Django defines a model of an installed app only: without the app, say what to do.
+require_app()
 
 
 class JobRun(models.Model):

@@ -20,6 +20,7 @@ from django.db import connections
 from django.db import models
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.conf import require_app
 
 #: Seconds between two heartbeats of a scheduler (and two looks at run-now requests).
 POLL_INTERVAL = 1.0
@@ -34,6 +35,10 @@ def _version() -> str:
         return importlib.metadata.version("django-advisory-lock")
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+# Django defines a model of an installed app only: without the app, say what to do.
+require_app()
 
 
 class SchedulerHeartbeat(models.Model):

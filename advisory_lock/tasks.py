@@ -46,6 +46,7 @@ from django.db import router
 from django.db import transaction
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.conf import require_app
 from advisory_lock.locks import advisory_lock
 from advisory_lock.queues import CeleryQueue
 from advisory_lock.queues import DjangoTasksQueue
@@ -66,6 +67,10 @@ _START_SIGNALS = (
     ("django_tasks.signals", "task_started", "task_result"),
     ("celery.signals", "task_prerun", "task_id"),
 )
+
+
+# Django defines a model of an installed app only: without the app, say what to do.
+require_app()
 
 
 class PendingTask(models.Model):

@@ -156,11 +156,15 @@ class GuardedRun:
     def start(self) -> bool:
         """Take the lock and claim the slot: True if the run goes ahead. Whatever interrupts
         it lets go of what it took before propagating (the run is recorded failed)."""
-        # The ledger needs Django's app registry, which is not ready when this module loads.
-        from advisory_lock.ledger import claim_slot
-        from advisory_lock.ledger import describe_taken
-        from advisory_lock.ledger import lock_running_row
-        from advisory_lock.ledger import record_job_run
+        if self.period is not None:
+            # Only a run with a ledger imports it (not when this module loads: its models
+            # need Django's app registry, and the app in INSTALLED_APPS, which a plain run
+            # does without). Without the app this raises LedgerNotMigrated, saying so,
+            # before anything is taken.
+            from advisory_lock.ledger import claim_slot
+            from advisory_lock.ledger import describe_taken
+            from advisory_lock.ledger import lock_running_row
+            from advisory_lock.ledger import record_job_run
 
         if self.atomic:
             _check_not_in_atomic(direct_alias(check_alias(self.using)), self.label)
@@ -220,8 +224,6 @@ class GuardedRun:
         lock was lost, or the run's row was taken over meanwhile. Whatever interrupts it, the
         lock is let go of.
         """
-        from advisory_lock.ledger import finish
-
         lock, self._held = self._held, None
         assert lock is not None, "end() after a start() that returned False, or twice"
         raising = exc is None and self.on_lost == "raise"
@@ -253,6 +255,8 @@ class GuardedRun:
             # row is its successor's to mark abandoned.
             taken_over = exc is None and type(ended) is LockLost
             if self.run is not None and not recorded and not taken_over:
+                from advisory_lock.ledger import finish  # a run with a ledger only
+
                 error = _failure(ended, "while the job ran") if ended is not None else ""
                 try:
                     # After a lost lock the database may be out of reach: bounded then, so
@@ -323,8 +327,6 @@ class GuardedRun:
         watchdog, restore the handlers, record the run failed (if its slot was claimed),
         release the lock and close its connection. Errors are logged, not raised: ``exc``
         is what propagates."""
-        from advisory_lock.ledger import finish
-
         lock, self._held, self.lock = self._held, None, None
         if lock is None:
             return
@@ -335,6 +337,8 @@ class GuardedRun:
             _restore_signal_handlers(self._handlers)
             self._handlers = {}
             if self.run is not None:
+                from advisory_lock.ledger import finish  # a run with a ledger only
+
                 # Bounded: after a lost lock or a failure the database may be out of reach.
                 timeout = max(2 * self.heartbeat, 1.0)
                 try:

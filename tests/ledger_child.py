@@ -9,12 +9,17 @@ JSON object per line on stdout and reads its cues on stdin. Commands:
 * ``run-once JOB [--period P]``: ``with run_once(JOB, period=P, using=A) as run``: say
   ``running`` (pk, attempt) or ``skipped``, wait for a cue inside the block, say
   ``leaving``, and after the block ``done``; a ``LockLost`` at any point says ``lost`` (with
-  the error) and exits with status 1.
+  the error and its cause) and exits with status 1. The cue ``fail`` makes the body raise
+  ``RuntimeError`` (``failed``, status 2). ``--heartbeat`` is the run's.
 
 * ``atomic JOB EFFECT [--period P]``: ``with run_once(JOB, period=P, using=A,
   atomic=True) as run``: create the Counter named EFFECT (the job's write, in the run's
   transaction), say ``wrote`` (pk, attempt), wait for a cue, say ``leaving``, and after the
   block ``done``; ``lost`` and status 1 on a ``LockLost``, ``skipped`` if the slot is taken.
+* ``atomic-fenced JOB EFFECT [--period P]``: as ``atomic``, but the run's first statement
+  on the ledger's database after its claim (the UPDATE that locks its row, run through
+  Django's documented ``execute_wrapper``) waits: say ``fencing``, wait for a cue, then go
+  on. The test takes the lock away meanwhile, between the claim and the body.
 * ``atomic-jobs PREFIX --jobs N``: say ``ready``, wait for ``go``, then run N atomic jobs
   one after the other, ``PREFIX-0`` to ``PREFIX-<N-1>``, each reading the Counter table
   and then creating the Counter named after the job; say ``done`` with the number that
@@ -59,16 +64,23 @@ def run_once_block(args: argparse.Namespace) -> None:
     from advisory_lock import run_once
 
     try:
-        with run_once(args.job, period=args.period, using=args.using) as run:
+        with run_once(
+            args.job, period=args.period, using=args.using, heartbeat=args.heartbeat
+        ) as run:
             if run is None:
                 say("skipped")
                 return
             say("running", pk=run.pk, attempt=run.attempt)
-            cue()
+            if cue() == "fail":
+                raise RuntimeError(f"{args.job}: the body failed")
             say("leaving")
     except LockLost as error:
-        say("lost", error=f"{type(error).__name__}: {error}")
+        cause = error.__cause__
+        say("lost", error=f"{type(error).__name__}: {error}", cause=repr(cause))
         sys.exit(1)
+    except RuntimeError as error:
+        say("failed", error=f"{type(error).__name__}: {error}")
+        sys.exit(2)
     say("done")
 
 
@@ -90,6 +102,22 @@ def atomic_block(args: argparse.Namespace) -> None:
         say("lost", error=f"{type(error).__name__}: {error}")
         sys.exit(1)
     say("done")
+
+
+def atomic_fenced(args: argparse.Namespace) -> None:
+    from django.db import connections
+
+    paused = []
+
+    def pause_at_the_row_lock(execute, sql, params, many, context):
+        if not paused and sql.lstrip().upper().startswith("UPDATE") and "job_runs" in sql:
+            paused.append(sql)
+            say("fencing")
+            cue()
+        return execute(sql, params, many, context)
+
+    with connections[args.using].execute_wrapper(pause_at_the_row_lock):
+        atomic_block(args)
 
 
 def atomic_jobs(args: argparse.Namespace) -> None:
@@ -125,12 +153,18 @@ def main() -> None:
         command = commands.add_parser(name)
         command.add_argument("job")
         command.add_argument("--period", default="once")
+        command.add_argument("--heartbeat", type=float, default=10)
         command.set_defaults(run=run)
     command = commands.add_parser("atomic")
     command.add_argument("job")
     command.add_argument("effect")
     command.add_argument("--period", default="once")
     command.set_defaults(run=atomic_block)
+    command = commands.add_parser("atomic-fenced")
+    command.add_argument("job")
+    command.add_argument("effect")
+    command.add_argument("--period", default="once")
+    command.set_defaults(run=atomic_fenced)
     command = commands.add_parser("atomic-jobs")
     command.add_argument("prefix")
     command.add_argument("--jobs", type=int, required=True)

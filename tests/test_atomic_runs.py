@@ -42,6 +42,7 @@ from tests.test_ledger_faults import attempts
 from tests.test_ledger_faults import children  # noqa: F401 (a fixture)
 from tests.test_ledger_faults import crash
 from tests.test_ledger_faults import kill_lock
+from tests.test_ledger_faults import lose_lock
 from tests.test_ledger_faults import wait_until_free
 from tests.test_ledger_faults import waiting_for_a_job_runs_row
 
@@ -475,3 +476,25 @@ def test_the_fence_finds_the_row_by_its_primary_key_alone(ledger, using):
         plan = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
     assert [step["key"] for step in plan] == ["PRIMARY"], plan
     ledger.finish(run)
+
+
+def test_a_lock_lost_between_the_claim_and_the_body_ends_the_run_with_lock_lost(
+    ledger,
+    effects,
+    using,
+    children,  # noqa: F811 (the fixture)
+):
+    """The claim is made, then the lock is taken away (another instance may now run the
+    job) before the run's first statement on the ledger's database: the body must not
+    start, and the run ends with LockLost, its write never made."""
+    child = children.start("--using", using, "atomic-fenced", "gone", "gone")
+    child.expect("fencing")
+    assert committed(using, "gone") == (False, RUNNING)  # claimed
+    lose_lock("job:gone", using)
+    child.send("go")
+
+    assert child.expect("lost")["error"].startswith("LockLost: ")
+    assert child.events_until_exit() == []  # it never wrote
+    assert child.proc.returncode == 1
+    assert not effects.filter(name="gone").exists()
+    assert attempts(ledger, "gone") != [(1, SUCCEEDED)]

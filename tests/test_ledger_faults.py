@@ -15,6 +15,7 @@ import copy
 import datetime
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -105,6 +106,21 @@ def wait_until_free(key, using, timeout=300.0):
 def kill_lock(name, using):
     """Kill, server side, the connection holding ``name``; return once the lock is free."""
     kill_connection_of(using, holder_of(name, using))
+    wait_until_free(name, using)
+
+
+def lose_lock(name, using):
+    """Take the lock ``name`` away from its holder, from outside, and return once another
+    instance could take it: the server ends the holder's connection (PostgreSQL
+    ``pg_terminate_backend``, MySQL ``KILL``); on SQLite the lock's file is removed by hand,
+    as an operator's clean-up would."""
+    if connections[using].vendor != "sqlite":
+        kill_lock(name, using)
+        return
+    with lock_settings(NAMES=[name]):
+        files = [lock.db_key for lock in held_locks(using) if lock.name == name and lock.granted]
+    assert files, f"nobody holds lock {name!r} on {using!r}"
+    os.unlink(files[0])
     wait_until_free(name, using)
 
 
@@ -370,6 +386,30 @@ def test_two_run_once_processes_never_both_succeed_when_the_first_loses_its_lock
     statuses = [status for _, status in attempts(ledger, "overlap")]
     assert statuses.count(SUCCEEDED) == 1
     assert latest(ledger, "overlap").status == SUCCEEDED
+
+
+def test_a_run_whose_lock_was_lost_ends_with_lock_lost_even_when_its_body_fails(
+    ledger, using, children
+):
+    """The lock goes, another instance starts the job, then the first run's body fails: what
+    it raises is LockLost (exclusion may have been broken), with the body's error as its
+    cause, not the body's error alone."""
+    first = children.start("--using", using, "run-once", "overlap", "--heartbeat", "3600")
+    assert first.expect("running")["attempt"] == 1
+    lose_lock("job:overlap", using)  # its watchdog won't look for an hour
+    second = children.start("--using", using, "run-once", "overlap")
+    assert second.expect("running")["attempt"] == 2
+
+    first.send("fail")  # the first run's body raises, after the second run has begun
+    lost = first.expect("lost")
+    assert lost["error"].startswith("LockLost: ") and "RuntimeError" in lost["cause"], lost
+    assert first.events_until_exit() == []
+    assert first.proc.returncode == 1
+    assert attempts(ledger, "overlap") == [(1, ABANDONED), (2, RUNNING)]
+
+    second.send("finish")
+    second.expect("leaving")
+    second.expect("done")
 
 
 # 3. A lock lost while the command's finish waits is LockLost, not a KeyboardInterrupt.

@@ -194,9 +194,6 @@ class GuardedRun:
                     return False
                 run.lock = lock
                 self.run = run
-                if not lock.verify(self.heartbeat):
-                    # Lost between the try and the claim: the body must not start unguarded.
-                    raise LockLost(lock.lost_message())
             in_main_thread = threading.current_thread() is threading.main_thread()
             self.lock = lock
             lock.watch(self.heartbeat, self._lost_handler(in_main_thread))
@@ -212,6 +209,11 @@ class GuardedRun:
                 self._transaction = transaction.atomic(using=lock.using)
                 self._transaction.__enter__()
                 lock_running_row(lock.using, self.run)
+            if self.run is not None and not lock.verify(self.heartbeat):
+                # Lost since it was taken (between the try and the claim, or while the
+                # atomic run's row was being locked): the body must not start unguarded. The
+                # last step before the body, so that no statement of the run comes after it.
+                raise LockLost(lock.lost_message())
         except BaseException as error:
             self._undo(error, "before the job started")
             raise
@@ -295,6 +297,17 @@ class GuardedRun:
         if problems:
             if raising:
                 raise problems[0]
+            lost = next((problem for problem in problems if isinstance(problem, LockLost)), None)
+            if (
+                lost is not None
+                and self.on_lost == "raise"
+                and isinstance(exc, Exception)
+                and not isinstance(exc, LockLost)
+            ):
+                # The body failed after its lock was lost: the loss comes first, since
+                # exclusion may have been broken while it ran; the body's error is its cause.
+                # (An interruption, KeyboardInterrupt or SystemExit, propagates as it is.)
+                raise lost from exc
             for problem in problems:
                 logger.error("%s", problem)
 

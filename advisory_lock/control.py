@@ -32,6 +32,8 @@ from django.db.models import Exists
 from django.db.models import OuterRef
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.datetimes import from_field
+from advisory_lock.datetimes import to_field
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.ledger import JobRun
 from advisory_lock.liveness import live_schedulers
@@ -137,7 +139,7 @@ def set_paused(using: str, job_name: str, paused: bool, requested_by: str) -> Jo
         switch = JobControl.objects.using(using).create(
             job_name=job_name,
             action=Action.PAUSE if paused else Action.RESUME,
-            requested_at=_now(using),
+            requested_at=to_field(_now(using)),
             requested_by=requested_by,
         )
         notify(using, CONTROL, job_name)  # heard when the row is committed
@@ -149,15 +151,16 @@ def pauses(using: str, job_name: str, since: datetime.datetime) -> list[Pause]:
     switches = JobControl.objects.using(using).filter(
         job_name=job_name, action__in=_PAUSE_OR_RESUME
     )
-    before = switches.filter(requested_at__lte=since).order_by("-requested_at", "-pk").first()
-    later = switches.filter(requested_at__gt=since).order_by("requested_at", "pk")
+    stored = to_field(since)
+    before = switches.filter(requested_at__lte=stored).order_by("-requested_at", "-pk").first()
+    later = switches.filter(requested_at__gt=stored).order_by("requested_at", "pk")
     spans: list[Pause] = []
     paused_since = since if before is not None and before.action == Action.PAUSE else None
     for switch in later:
         if switch.action == Action.PAUSE and paused_since is None:
-            paused_since = switch.requested_at
+            paused_since = from_field(switch.requested_at)
         elif switch.action == Action.RESUME and paused_since is not None:
-            spans.append(Pause(paused_since, switch.requested_at))
+            spans.append(Pause(paused_since, from_field(switch.requested_at)))
             paused_since = None
     if paused_since is not None:
         spans.append(Pause(paused_since, None))
@@ -188,7 +191,7 @@ def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
         request = JobControl.objects.using(using).create(
             job_name=job_name,
             action=Action.RUN_NOW,
-            requested_at=now,
+            requested_at=to_field(now),
             requested_by=requested_by,
             slot=manual_slot(now),
         )
@@ -209,7 +212,7 @@ def pending_requests(
         .filter(
             action=Action.RUN_NOW,
             job_name__in=list(job_names),
-            requested_at__gte=now - REQUEST_EXPIRES,
+            requested_at__gte=to_field(now - REQUEST_EXPIRES),
         )
         .exclude(Exists(attempted))
         .order_by("requested_at", "pk")

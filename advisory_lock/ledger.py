@@ -56,6 +56,8 @@ from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
 from advisory_lock.conf import require_app
+from advisory_lock.datetimes import from_field
+from advisory_lock.datetimes import to_field
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LedgerNotMigrated
@@ -343,7 +345,7 @@ def _claim(
                     period=this_slot,
                     attempt=attempt,
                     status=Status.RUNNING,
-                    started_at=now,
+                    started_at=to_field(now),
                     host=this_host(),
                     pid=os.getpid(),
                     lock_key=held.identity,
@@ -420,7 +422,10 @@ def finish(
     def record() -> int:
         now = inspector_for(connections[using]).database_now()
         running = _while(using, run, Status.RUNNING)
-        end: dict[str, Any] = {"finished_at": now, "duration": now - run.started_at}
+        end: dict[str, Any] = {
+            "finished_at": to_field(now),
+            "duration": now - from_field(run.started_at),
+        }
         if status == Status.ENQUEUED:
             end = {"task_id": task_id}  # it ends when its task does
         try:
@@ -497,7 +502,10 @@ def succeed_in_transaction(using: str, run: JobRun, task_id: str | None = None) 
     success in the slot; the caller then rolls the transaction back."""
     now = inspector_for(connections[using]).database_now()
     running = _while(using, run, Status.RUNNING)
-    end: dict[str, Any] = {"finished_at": now, "duration": now - run.started_at}
+    end: dict[str, Any] = {
+        "finished_at": to_field(now),
+        "duration": now - from_field(run.started_at),
+    }
     status = Status.SUCCEEDED
     if task_id is not None:
         status, end = Status.ENQUEUED, {"task_id": task_id}
@@ -632,7 +640,7 @@ def describe_taken(taken: JobRun | None) -> str:
     """Say why a slot can't be claimed: which slot, and who has it."""
     if taken is None:
         return "another instance is running it"
-    when = f" at {taken.finished_at:%Y-%m-%d %H:%M:%S%z}" if taken.finished_at else ""
+    when = f" at {from_field(taken.finished_at):%Y-%m-%d %H:%M:%S%z}" if taken.finished_at else ""
     if taken.status == Status.SUCCEEDED:
         return f"slot {taken.period} is already done (succeeded{when} on {taken.host})"
     return f"slot {taken.period} is {taken.status} (attempt {taken.attempt} on {taken.host})"
@@ -765,8 +773,8 @@ def end_enqueued(
         end = finished_at or inspector_for(connections[using]).database_now()
         return _while(using, run, Status.ENQUEUED).update(
             status=Status.SUCCEEDED if succeeded else Status.FAILED,
-            finished_at=end,
-            duration=max(end - run.started_at, datetime.timedelta(0)),
+            finished_at=to_field(end),
+            duration=max(end - from_field(run.started_at), datetime.timedelta(0)),
             error="" if succeeded else storable_error(error or "The task failed."),
         )
 
@@ -804,8 +812,8 @@ def fail_orphaned(using: str, job_name: str, period: str, error: str) -> int:
                 now = inspector_for(connections[using]).database_now()
                 marked += _while(using, run, Status.RUNNING).update(
                     status=Status.FAILED,
-                    finished_at=now,
-                    duration=now - run.started_at,
+                    finished_at=to_field(now),
+                    duration=now - from_field(run.started_at),
                     error=storable_error(error),
                 )
                 if metrics.recorder is not None:

@@ -21,6 +21,8 @@ from django.db import models
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import require_app
+from advisory_lock.datetimes import from_field
+from advisory_lock.datetimes import to_field
 
 #: Seconds between two heartbeats of a scheduler (and two looks at run-now requests).
 POLL_INTERVAL = 1.0
@@ -63,8 +65,8 @@ class SchedulerHeartbeat(models.Model):
         return {
             "host": self.host,
             "pid": self.pid,
-            "started": self.started_at.isoformat(),
-            "last_seen": self.last_seen.isoformat(),
+            "started": from_field(self.started_at).isoformat(),
+            "last_seen": from_field(self.last_seen).isoformat(),
         }
 
 
@@ -82,7 +84,7 @@ class Heartbeat:
     def beat(self) -> None:
         """Record that this scheduler is alive now (its row, inserted again if deleted)."""
         rows = SchedulerHeartbeat.objects.using(self.using)
-        now = _now(self.using)
+        now = to_field(_now(self.using))  # as the row holds it
         if self.row is not None and rows.filter(pk=self.row.pk).update(last_seen=now):
             self.row.last_seen = now
             return
@@ -98,19 +100,19 @@ class Heartbeat:
     def forget_the_dead(self) -> None:
         """Delete the rows of schedulers not seen for ``FORGET_AFTER``."""
         old = _now(self.using) - FORGET_AFTER
-        SchedulerHeartbeat.objects.using(self.using).filter(last_seen__lt=old).delete()
+        SchedulerHeartbeat.objects.using(self.using).filter(last_seen__lt=to_field(old)).delete()
 
 
 def live_schedulers(using: str) -> list[SchedulerHeartbeat]:
     """The schedulers seen within ``LIVE_WITHIN``, the latest seen first."""
     since = _now(using) - LIVE_WITHIN
-    return list(SchedulerHeartbeat.objects.using(using).filter(last_seen__gte=since))
+    return list(SchedulerHeartbeat.objects.using(using).filter(last_seen__gte=to_field(since)))
 
 
 def last_seen(using: str) -> datetime.datetime | None:
     """When a scheduler was last seen, or None if none ever was (or not for a week)."""
     latest = SchedulerHeartbeat.objects.using(using).order_by("-last_seen").first()
-    return None if latest is None else latest.last_seen
+    return None if latest is None else from_field(latest.last_seen)
 
 
 def no_scheduler_alive(using: str) -> str:

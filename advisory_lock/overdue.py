@@ -23,6 +23,7 @@ from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.control import fell_due_while_paused
+from advisory_lock.datetimes import from_field
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
 from advisory_lock.liveness import live_schedulers
@@ -54,7 +55,9 @@ class OverdueJob:
             if last is None
             else {
                 "slot": last.period,
-                "finished_at": last.finished_at.isoformat() if last.finished_at else None,
+                "finished_at": from_field(last.finished_at).isoformat()
+                if last.finished_at
+                else None,
                 "host": last.host,
             },
         }

@@ -45,6 +45,7 @@ from django.db.models import Min
 from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.datetimes import to_field
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
 from advisory_lock.overdue import last_success
@@ -87,7 +88,7 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
     ago by the database server's clock, except those the ledger still needs (see above)."""
     rows = JobRun.objects.using(using).order_by()
     now = inspector_for(connections[using]).database_now()
-    old = rows.filter(started_at__lt=now - older_than)
+    old = rows.filter(started_at__lt=to_field(now - older_than))
     # Running and enqueued runs have not ended (an enqueued slot ends when its task does).
     unended = [JobRun.Status.RUNNING, JobRun.Status.ENQUEUED]
     running = set(old.filter(status__in=unended).values_list("pk", flat=True))
@@ -116,7 +117,7 @@ def _delete_expired_marks(using: str, now: datetime.datetime) -> int:
     """Delete ``using``'s ``enqueue_unique`` marks that expired before ``now``; how many."""
     if not router.allow_migrate_model(using, PendingTask):
         return 0  # the marks live on another database, which has their table
-    deleted, _ = PendingTask.objects.using(using).filter(expires_at__lt=now).delete()
+    deleted, _ = PendingTask.objects.using(using).filter(expires_at__lt=to_field(now)).delete()
     return deleted
 
 
@@ -169,7 +170,9 @@ def _checked_by_the_report(
         since = job.checked_since(now) if job.job_name in jobs else None
         if since is not None:
             successes = old.filter(
-                job_name=job.job_name, status=JobRun.Status.SUCCEEDED, started_at__gte=since
+                job_name=job.job_name,
+                status=JobRun.Status.SUCCEEDED,
+                started_at__gte=to_field(since),
             )
             kept += successes.values_list("pk", flat=True)
     return kept

@@ -57,6 +57,7 @@ from advisory_lock.control import REQUEST_EXPIRES
 from advisory_lock.control import is_paused
 from advisory_lock.control import pauses
 from advisory_lock.control import pending_requests
+from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import claimed_by_process
 from advisory_lock.ledger import deciding_attempt
@@ -607,7 +608,7 @@ class Scheduler:
                     "paused": is_paused(self.using, name),
                     "last_slot": last.period if last else None,
                     "last_status": last.status if last else None,
-                    "last_started": last.started_at.isoformat() if last else None,
+                    "last_started": from_field(last.started_at).isoformat() if last else None,
                     "last_duration": last.duration.total_seconds()
                     if last and last.duration
                     else None,

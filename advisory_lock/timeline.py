@@ -20,6 +20,8 @@ from django.utils.dateparse import parse_datetime
 from advisory_lock.backends import inspector_for
 from advisory_lock.control import MANUAL
 from advisory_lock.control import pauses
+from advisory_lock.datetimes import from_field
+from advisory_lock.datetimes import to_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import Entry
@@ -88,10 +90,10 @@ def timeline(
         for run in runs.filter(period__in=names[start : start + _CHUNK]):
             attempts.setdefault(run.period, []).append(run)
     earliest = min(due.values(), default=since)
-    for run in runs.filter(period__startswith=MANUAL, started_at__gte=earliest):
+    for run in runs.filter(period__startswith=MANUAL, started_at__gte=to_field(earliest)):
         if run.period not in due:
             requested = parse_datetime(run.period.removeprefix(MANUAL))
-            due[run.period] = requested or run.started_at
+            due[run.period] = requested or from_field(run.started_at)
         attempts.setdefault(run.period, []).append(run)
     spans = pauses(using, entry.name, earliest)
     outcomes = []
@@ -105,7 +107,7 @@ def timeline(
                     due=moment,
                     outcome=latest.status,
                     attempts=len(tried),
-                    started=latest.started_at,
+                    started=from_field(latest.started_at),
                     duration=(
                         latest.duration.total_seconds() if latest.duration is not None else None
                     ),

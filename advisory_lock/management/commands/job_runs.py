@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock import signals
+from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.ledger import table_checked
 from advisory_lock.models import JobRun
@@ -154,7 +155,7 @@ class Command(BaseCommand):
                 run.job_name,
                 run.period,
                 run.status,
-                f"{run.started_at:%Y-%m-%d %H:%M:%S}",
+                f"{from_field(run.started_at):%Y-%m-%d %H:%M:%S}",
                 _duration(run.duration),
                 run.host,
                 str(run.pid or ""),

@@ -15,6 +15,7 @@ from advisory_lock.control import NoSchedulerAlive
 from advisory_lock.control import command_line_user
 from advisory_lock.control import request_run
 from advisory_lock.control import set_paused
+from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.ledger import table_checked
 from advisory_lock.liveness import LIVE_WITHIN
@@ -141,8 +142,8 @@ class Command(BaseCommand):
                 return
             header = ("host", "pid", "started", "last seen", "version")
             rows = [
-                (row.host, str(row.pid), row.started_at.isoformat(), row.last_seen.isoformat(),
-                 row.version)
+                (row.host, str(row.pid), from_field(row.started_at).isoformat(),
+                 from_field(row.last_seen).isoformat(), row.version)
                 for row in live
             ]  # fmt: skip
             for line in format_table(header, rows):

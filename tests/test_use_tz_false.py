@@ -1,0 +1,287 @@
+"""Every ledger feature with ``USE_TZ = False``, on every database, in real processes.
+
+With ``USE_TZ = False`` Django stores and reads datetimes naive, in ``TIME_ZONE``, and its
+SQLite and MySQL backends refuse an aware one ("... does not support timezone-aware datetimes
+when USE_TZ is False"). The processes run with ``tests.use_tz_false_settings``: ``TIME_ZONE``
+is UTC+14 and the ledger's time zone UTC-11, so a slot named in the wrong zone, or a time
+stored in the wrong one, can't pass. Each test brackets what a process wrote between two
+readings of the database server's clock taken before and after it (the clock the ledger
+uses), and checks the stored value's wall time in ``TIME_ZONE`` against them, exactly.
+
+This test process runs with the usual settings (``USE_TZ = True``), so it reads the stored
+datetimes with raw SQL: as the database holds them, not as its own settings would read them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import zoneinfo
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from advisory_lock.models import JobControl
+from advisory_lock.models import JobRun
+from advisory_lock.models import SchedulerHeartbeat
+from testproject.example.models import Counter
+from tests import use_tz_false_settings
+from tests.processes import Worker
+from tests.processes import Workers
+from tests.schedulers import HANG
+from tests.schedulers import JOBS
+from tests.schedulers import server_now
+from tests.schedulers import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = use_tz_false_settings.__name__
+STORED_ZONE = zoneinfo.ZoneInfo(use_tz_false_settings.TIME_ZONE)
+LEDGER_ZONE = zoneinfo.ZoneInfo(use_tz_false_settings.LEDGER_TIME_ZONE)
+UTC = datetime.timezone.utc
+SUCCEEDED = JobRun.Status.SUCCEEDED
+LEDGER_CHILD = "tests.ledger_child"
+
+
+@pytest.fixture
+def cleanup(using):
+    """Empties, after the test, the tables that its processes write to on ``using``."""
+    yield
+    for model in (JobRun, JobControl, SchedulerHeartbeat, Counter):
+        model.objects.using(using).all().delete()
+
+
+def environment(using: str, folder: Path, schedule: dict | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "ADVISORY_LOCK_TEST_WORKER": "1",
+        "ADVISORY_LOCK_TEST_DEFAULT": using,
+        "ADVISORY_LOCK_TEST_SCHEDULE": json.dumps(schedule or {}),
+        "ADVISORY_LOCK_TEST_JOBS_DIR": str(folder),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def manage(using: str, folder: Path, *argv: str, schedule: dict | None = None):
+    """Run ``manage.py *argv`` with USE_TZ = False on ``using``; its CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *argv],
+        cwd=ROOT,
+        env=environment(using, folder, schedule),
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+
+
+def ok(process: subprocess.CompletedProcess, status: int = 0) -> str:
+    """The process's stdout, once it is known to have exited with ``status``."""
+    assert process.returncode == status, (process.returncode, process.stdout, process.stderr)
+    assert "Traceback" not in process.stderr, process.stderr
+    return process.stdout
+
+
+def wall(moment: datetime.datetime) -> datetime.datetime:
+    """``moment`` (aware) as Django stores it with USE_TZ = False: naive, in TIME_ZONE."""
+    return moment.astimezone(STORED_ZONE).replace(tzinfo=None)
+
+
+def stored(using: str, table: str, columns: str, pk: int) -> tuple[datetime.datetime, ...]:
+    """The datetime ``columns`` of a row as the database holds them, as naive wall times in
+    TIME_ZONE: SQLite returns text, MySQL a naive datetime, PostgreSQL (timestamptz) an
+    instant, shown here in TIME_ZONE."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {table} WHERE id = %s", [pk])
+        row = cursor.fetchone()
+    values = []
+    for value in row:
+        if isinstance(value, str):
+            value = datetime.datetime.fromisoformat(value)
+        if value.tzinfo is not None:
+            value = wall(value)
+        values.append(value)
+    return tuple(values)
+
+
+def day(moment: datetime.datetime, zone: zoneinfo.ZoneInfo) -> str:
+    return f"{moment.astimezone(zone):%Y-%m-%d}"
+
+
+def assert_recorded_between(using, run, before, after) -> None:
+    """``run`` (a JobRun row) succeeded between the server's clock readings ``before`` and
+    ``after``: stored in TIME_ZONE's wall time, its duration within that span, its daily
+    slot the ledger's day."""
+    started, finished = stored(using, "job_runs", "started_at, finished_at", run.pk)
+    assert wall(before) <= started <= finished <= wall(after)
+    assert run.status == SUCCEEDED
+    assert datetime.timedelta(0) <= run.duration <= after - before
+
+
+def settled_every(using: str, margin: float = 150) -> int:
+    """An ``every`` of about an hour whose latest slot fell due at least ``margin`` seconds
+    ago and whose next falls due at least ``margin`` seconds from now (server clock): the
+    same slot is the latest due one for the whole test."""
+    now = server_now(using).timestamp()
+    every = 3600
+    while not margin <= now % every <= every - margin:
+        every += 1
+    return every
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["plain", "atomic"])
+def test_run_once_records_its_slot_and_times(using, cleanup, atomic):
+    job = f"naive-{'atomic' if atomic else 'plain'}"
+    block = ["atomic", job, job] if atomic else ["run-once", job]
+    env = Workers({"DJANGO_SETTINGS_MODULE": SETTINGS}).env
+    started: list[Worker] = []
+
+    def start() -> Worker:
+        started.append(Worker(["--using", using, *block, "--period", "daily"], env, LEDGER_CHILD))
+        return started[-1]
+
+    try:
+        before = server_now(using)
+        first = start()
+        claimed = first.expect("wrote" if atomic else "running")
+        first.send("go")
+        first.expect("leaving")
+        first.expect("done")
+        first.finish()
+        after = server_now(using)
+        # The slot is done: the next run finds it so, from the rows it reads back.
+        again = start()
+        again.expect("skipped")
+        again.finish()
+    finally:
+        for worker in started:
+            worker.kill()
+    run = JobRun.objects.using(using).get(pk=claimed["pk"])
+    assert_recorded_between(using, run, before, after)
+    assert run.period in {day(before, LEDGER_ZONE), day(after, LEDGER_ZONE)}
+    assert run.period != day(after, STORED_ZONE)  # the ledger's day, not TIME_ZONE's
+    assert Counter.objects.using(using).filter(name=job).count() == int(atomic)
+
+
+def test_a_single_instance_command_with_a_ledger_runs_once_per_slot(using, cleanup, tmp_path):
+    before = server_now(using)
+    assert "finished" in ok(manage(using, tmp_path, "ledger_job"))
+    after = server_now(using)
+    again = manage(using, tmp_path, "ledger_job")
+    assert again.returncode == 3 and "finished" not in again.stdout, again.stderr
+    assert "already done" in again.stderr and "Traceback" not in again.stderr
+    [run] = JobRun.objects.using(using).filter(job_name="lockapp.ledger_job")
+    assert_recorded_between(using, run, before, after)
+    assert run.period in {day(before, LEDGER_ZONE), day(after, LEDGER_ZONE)}
+
+
+def test_run_jobs_once_and_the_job_runs_reports(using, cleanup, tmp_path):
+    every = settled_every(using)
+    schedule = {"tick": {"callable": f"{JOBS}.tick", "every": every, "grace": 1}}
+    now = server_now(using)
+    due = datetime.datetime.fromtimestamp(now.timestamp() // every * every, UTC)
+    slot = f"{due.astimezone(LEDGER_ZONE):%Y-%m-%dT%H:%M}"
+
+    # Nothing ran yet: the entry is overdue, and no scheduler has ever been alive.
+    overdue = manage(using, tmp_path, "job_runs", "--overdue", "--json", schedule=schedule)
+    [late] = json.loads(ok(overdue, status=1))
+    assert (late["job"], late["missing_slot"]) == ("tick", slot)
+    assert datetime.datetime.fromisoformat(late["slot_ended_at"]) == due
+    assert "no scheduler alive" in late["reason"]
+    dead = manage(using, tmp_path, "run_jobs", "--check", schedule=schedule)
+    assert dead.returncode == 1 and "no scheduler alive" in dead.stderr, dead.stderr
+
+    before = server_now(using)
+    assert "succeeded" in ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
+    after = server_now(using)
+    [run] = JobRun.objects.using(using).filter(job_name="tick")
+    assert run.period == slot
+    assert_recorded_between(using, run, before, after)
+    # The slot is done: a second --once finds it so and runs nothing.
+    ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
+    assert JobRun.objects.using(using).filter(job_name="tick").count() == 1
+
+    done = manage(using, tmp_path, "job_runs", "--overdue", schedule=schedule)
+    assert "No declared job is overdue." in ok(done)
+    listing = ok(manage(using, tmp_path, "job_runs", "--job", "tick", schedule=schedule))
+    (started,) = stored(using, "job_runs", "started_at", run.pk)
+    started_utc = started.replace(tzinfo=STORED_ZONE).astimezone(UTC)
+    assert f"{started_utc:%Y-%m-%d %H:%M:%S}" in listing  # its column says "started (UTC)"
+    timeline = manage(
+        using, tmp_path, "job_runs", "--timeline", "tick", "--json", schedule=schedule
+    )
+    slots = {row["slot"]: row for row in json.loads(ok(timeline))}
+    assert slots[slot]["outcome"] == SUCCEEDED
+    assert datetime.datetime.fromisoformat(slots[slot]["started"]) == started_utc
+    listed = manage(using, tmp_path, "run_jobs", "--list", "--json", schedule=schedule)
+    [entry] = json.loads(ok(listed))
+    assert (entry["last_slot"], entry["last_status"]) == (slot, SUCCEEDED)
+    assert datetime.datetime.fromisoformat(entry["last_started"]) == started_utc
+    pruned = manage(using, tmp_path, "job_runs", "--prune", "--older-than", "1", schedule=schedule)
+    ok(pruned)
+    assert JobRun.objects.using(using).filter(job_name="tick").count() == 1
+
+
+def test_a_live_scheduler_its_status_check_pause_and_run_now(using, cleanup, tmp_path):
+    schedule = {"tick": {"callable": f"{JOBS}.tick", "every": settled_every(using)}}
+    before = server_now(using)
+    with (tmp_path / "run_jobs.err").open("w") as err:
+        scheduler = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "run_jobs"],
+            cwd=ROOT,
+            env=environment(using, tmp_path, schedule),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        heartbeats = SchedulerHeartbeat.objects.using(using).filter(pid=scheduler.pid)
+        wait_for(
+            lambda: heartbeats.exists() or scheduler.poll() is not None,
+            "the scheduler's heartbeat",
+        )
+        assert scheduler.poll() is None, (tmp_path / "run_jobs.err").read_text()
+
+        alive = manage(using, tmp_path, "run_jobs", "--check", schedule=schedule)
+        assert "scheduler(s) alive" in ok(alive)
+        status = manage(using, tmp_path, "run_jobs", "--status", "--json", schedule=schedule)
+        after = server_now(using)
+        [row] = [row for row in json.loads(ok(status)) if row["pid"] == scheduler.pid]
+        started = datetime.datetime.fromisoformat(row["started"])
+        seen = datetime.datetime.fromisoformat(row["last_seen"])
+        assert before <= started <= seen <= after
+        table = manage(using, tmp_path, "run_jobs", "--status", schedule=schedule)
+        assert str(scheduler.pid) in ok(table)
+
+        paused = manage(using, tmp_path, "run_jobs", "--pause", "tick", schedule=schedule)
+        assert "tick paused" in ok(paused)
+        resumed = manage(using, tmp_path, "run_jobs", "--resume", "tick", schedule=schedule)
+        assert "tick resumed" in ok(resumed)
+
+        asked = server_now(using)
+        requested = manage(using, tmp_path, "run_jobs", "--run-now", "tick", schedule=schedule)
+        out = ok(requested)
+        manual = out.split("requested as slot ", 1)[1].split(";", 1)[0]
+        assert manual.startswith("manual:") and manual.endswith("-11:00"), manual
+        assert datetime.datetime.fromisoformat(manual.removeprefix("manual:")) >= asked.replace(
+            microsecond=0
+        )
+        runs = JobRun.objects.using(using).filter(job_name="tick", period=manual)
+        wait_for(
+            lambda: runs.filter(status=SUCCEEDED).exists() or scheduler.poll() is not None,
+            "the run-now slot's success",
+        )
+        assert scheduler.poll() is None, (tmp_path / "run_jobs.err").read_text()
+        timeline = manage(using, tmp_path, "job_runs", "--timeline", "tick", schedule=schedule)
+        assert manual in ok(timeline)
+        scheduler.send_signal(signal.SIGTERM)
+        assert scheduler.wait(HANG) == 0
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.wait()
+    errors = (tmp_path / "run_jobs.err").read_text()
+    assert "Traceback" not in errors and "Error" not in errors, errors

@@ -285,3 +285,44 @@ def test_a_live_scheduler_its_status_check_pause_and_run_now(using, cleanup, tmp
             scheduler.wait()
     errors = (tmp_path / "run_jobs.err").read_text()
     assert "Traceback" not in errors and "Error" not in errors, errors
+
+
+#: ``run_once`` in a process whose settings come from ``settings.configure()`` (Django then
+#: leaves the process's own time zone alone: the TZ variable, here UTC, not TIME_ZONE), on the
+#: alias ``argv[1]``, for the job ``argv[2]``; it prints the run's pk.
+CONFIGURED = """
+import sys
+
+import django
+from django.conf import settings
+
+from tests import use_tz_false_settings as values
+
+settings.configure(**{name: getattr(values, name) for name in dir(values) if name.isupper()})
+django.setup()
+
+from advisory_lock import run_once
+
+with run_once(sys.argv[2], period="daily", using=sys.argv[1]) as run:
+    print(run.pk)
+"""
+
+
+def test_run_once_with_settings_configure_in_a_process_of_another_time_zone(
+    using, cleanup, tmp_path
+):
+    env = {**environment(using, tmp_path), "TZ": "UTC"}
+    del env["DJANGO_SETTINGS_MODULE"]
+    before = server_now(using)
+    child = subprocess.run(
+        [sys.executable, "-c", CONFIGURED, using, "configured"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+    after = server_now(using)
+    run = JobRun.objects.using(using).get(pk=int(ok(child)))
+    assert_recorded_between(using, run, before, after)
+    assert run.period in {day(before, LEDGER_ZONE), day(after, LEDGER_ZONE)}

@@ -889,9 +889,14 @@ class PostgreSQLInspector(LockInspector):
     def database_now(self) -> datetime.datetime:
         now: datetime.datetime
         with self.connection.cursor() as cursor:
-            cursor.execute("SELECT statement_timestamp()")
+            # The UTC wall time, a timestamp without time zone, which the driver reads naive
+            # whatever the session's time zone and Django's USE_TZ. (A timestamptz comes back
+            # naive in the session's time zone, TIME_ZONE, with USE_TZ = False: astimezone()
+            # would take it for this process's local time, which settings.configure() does
+            # not set, and which repeats an hour when DST ends.)
+            cursor.execute("SELECT statement_timestamp() AT TIME ZONE 'UTC'")
             (now,) = cursor.fetchone()
-        return now.astimezone(datetime.timezone.utc)
+        return now.replace(tzinfo=datetime.timezone.utc)
 
 
 def _holder(row: Any) -> Holder:

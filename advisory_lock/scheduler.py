@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -167,18 +168,19 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
-        next_sweep = next_poll = 0.0
+        next_sweep = 0.0
+        polled_at = -math.inf  # the interval is looked at each pass: it may shorten (deaf)
         try:
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
                 try:
                     self.reap()
                     self.beat_if_due()
-                    if time.monotonic() >= next_poll or self._poll_now:
+                    if time.monotonic() >= polled_at + self._poll_interval() or self._poll_now:
                         self._poll_now = False
                         self.start_requested()
                         self.follow_tasks()
-                        next_poll = time.monotonic() + self.poll_interval
+                        polled_at = time.monotonic()
                     if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
@@ -186,7 +188,8 @@ class Scheduler:
                 except Exception as error:
                     if not is_outage(error):
                         raise
-                    next_sweep = next_poll = self._next_beat = 0.0  # once it is back
+                    next_sweep = self._next_beat = 0.0  # once it is back
+                    polled_at = -math.inf
                     self._wait(self._outage(error))
                     continue
                 if self._outage_since is not None:
@@ -227,6 +230,14 @@ class Scheduler:
             mark_abandoned(self.using, job_name=name)
             self.beat_if_due()
         self.heartbeat.forget_the_dead()
+
+    def _poll_interval(self) -> float:
+        """``poll_interval``, or at most ``POLL_INTERVAL`` (1 s) while the database announces
+        requests and this process can't hear them (a transaction pooler in the way, declared
+        or found out; not listening yet): they are then seen by polling only."""
+        if self.listening.deaf:
+            return min(self.poll_interval, POLL_INTERVAL)
+        return self.poll_interval
 
     def beat_if_due(self) -> None:
         """Record the heartbeat if ``POLL_INTERVAL`` has passed since the last one: also

@@ -7,7 +7,8 @@ processes of their own. A scheduler started with ``--poll-interval 3600`` would 
 requests for an hour: on PostgreSQL the request's NOTIFY, sent with its row's transaction,
 makes it look at once. The test first waits, by events, until the scheduler has listened and
 made its last poll (two heartbeats after its LISTEN: a pass beats at most once, and the pass
-after the LISTEN is the one that polls), so that only the notification can start the run.
+after the LISTEN's test notification is heard, milliseconds later, is the one that polls), so
+that only the notification can start the run.
 (Before the notifications, requests were seen by polling only, every second, and
 ``--poll-interval`` did not exist.) Pauses are read by every pass, whatever the interval: the
 notification only wakes the scheduler.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -41,6 +43,8 @@ from advisory_lock.backends import backend_class
 from advisory_lock.backends.postgresql import holder_process
 from advisory_lock.control import JobControl
 from advisory_lock.liveness import SchedulerHeartbeat
+from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import start_pgbouncer
 from tests.schedulers import JOBS
 from tests.schedulers import ROOT
 from tests.schedulers import Schedulers
@@ -173,6 +177,26 @@ def settings_module(folder: Path, name: str, **lock: object) -> list[str]:
         f"ADVISORY_LOCK = {{**ADVISORY_LOCK, **{lock!r}}}\n"
     )
     return ["--settings", name, "--pythonpath", str(folder)]
+
+
+def all_ended(schedulers: Schedulers, process: subprocess.Popen, name: str) -> str:
+    """The scheduler's output once each job process it started for ``name`` has ended
+    (and been said), else ''."""
+    text = output(schedulers, process)
+    started = len(re.findall(rf"^run_jobs: {name} \[.+\] started", text, re.M))
+    ended = len(re.findall(rf"^run_jobs: {name} \[.+\] (succeeded|failed|skipped)", text, re.M))
+    return text if started and started == ended else ""
+
+
+def polled_since_its_runs(
+    using: str, schedulers: Schedulers, process: subprocess.Popen, name: str
+) -> None:
+    """Wait until the job processes that ``process`` started for ``name`` have ended, then
+    for two heartbeats: the pass that says a run's end looks for requests (or the next one
+    does), and has ended by then (a pass beats at most once). With ``--poll-interval 3600``,
+    only a notification or a poll every second can then see a request."""
+    alive_until(process, lambda: all_ended(schedulers, process, name), f"the runs of {name}")
+    beats_after(using, process, server_now(using), 2)
 
 
 # Requests are heard at once, not at the next poll.
@@ -342,15 +366,21 @@ def test_a_scheduler_behind_a_transaction_pooler_does_not_listen_and_polls(
     using, ledger, controls, heartbeats, schedulers, tmp_path
 ):
     schedule = {"report": {"callable": f"{JOBS}.tick", "every": long_interval(using)}}
+    # The latest due slot is done (run once, without the pooler): the scheduler behind it
+    # starts no run of the entry, whose end would look for requests (its runs fail, below).
+    status, out, err = schedulers.once(schedule)
+    assert (status, ledger.get().status) == (0, Status.SUCCEEDED), out + err
     pooled = settings_module(tmp_path, "pooled", POOL_MODE={"default": "transaction"})
     before = server_now(using)
-    process = schedulers.start(schedule, *pooled)
-    # Two heartbeats: it has waited between passes (where it would open its listener).
+    process = schedulers.start(schedule, *HOUR, *pooled)
+    # Two heartbeats: it has waited between passes (where it would open its listener), and
+    # made the poll of its start; the next poll of the interval is an hour away.
     beats_after(using, process, before, 2)
     status, out, err = run_jobs(schedulers, schedule, "--run-now", "report")
     assert status == 0, out + err
     [request] = controls.all()
-    # Polled (the default interval): the request's job process is started. Its run fails:
+    # Polled every second, whatever --poll-interval (a defect, fixed: it waited for the
+    # next poll of the interval, an hour): the request's job process is started. Its run fails:
     # the entry's lock is a session lock, which POOL_MODE "transaction" refuses on the alias.
     # (With a DIRECT_ALIAS, runs lock, and the scheduler listens, through that one: below.)
     started = f"report [{request.slot}] started"
@@ -385,6 +415,64 @@ def test_with_a_direct_alias_the_scheduler_listens_there_and_hears_requests(
     manual_run(ledger, process, request)
     [session] = sessions_of(using, process.pid)
     assert session.query == 'LISTEN "advisory_lock"'
+
+
+# A transaction-mode pooler that nobody declared: the scheduler finds out that it hears
+# nothing, says so once, and polls for requests every second.
+
+
+def bounced_settings(folder: Path, name: str, bouncer: PgBouncer) -> list[str]:
+    """argv for ``manage.py``: tests/schedule_settings.py with "default" reaching its test
+    database through ``bouncer``, and no POOL_MODE (the pooler undeclared), as the module
+    ``name`` written in ``folder``."""
+    (folder / f"{name}.py").write_text(
+        "from tests.schedule_settings import *  # noqa: F403\n"
+        "from tests.schedule_settings import DATABASES\n\n"
+        f"DATABASES = {{**DATABASES, 'default': {{**DATABASES['default'], "
+        f"'HOST': {bouncer.host!r}, 'PORT': '{bouncer.port}'}}}}\n"
+    )
+    return ["--settings", name, "--pythonpath", str(folder)]
+
+
+UNHEARD = "Listening for notifications on database alias 'default' hears nothing"
+
+
+@on_postgresql
+def test_behind_an_undeclared_transaction_pooler_requests_are_polled_every_second_said_once(
+    using, ledger, controls, heartbeats, schedulers, tmp_path
+):
+    """Regression: through PgBouncer in transaction mode, undeclared, the scheduler listened
+    on a session that the pooler hands to other clients between transactions, and whose
+    notifications it drops ("got packet 'A' from server when not linked"): it heard nothing,
+    said nothing, and with ``--poll-interval 3600`` a run-now waited for the next poll, an
+    hour. Now its listening connection's own test notification never arrives: it says so
+    once, and looks for requests every second."""
+    schedule = {"report": {"callable": f"{JOBS}.tick", "every": long_interval(using)}}
+    with start_pgbouncer(pool_mode="transaction") as bouncer:
+        bounced = bounced_settings(tmp_path, "bounced", bouncer)
+        process = schedulers.start(schedule, *HOUR, *bounced)
+        # Its first run (a new entry's latest due slot) has ended, and its LISTEN came
+        # before: the polls that a listening connection's opening or a run's end bring have
+        # been made. The next poll of the interval is an hour away, the hang guard a minute.
+        polled_since_its_runs(using, schedulers, process, "report")
+
+        status, out, err = run_jobs(schedulers, schedule, "--run-now", "report")
+        assert status == 0, out + err
+        [request] = controls.all()
+        started = f"report [{request.slot}] started"
+        alive_until(process, lambda: started in output(schedulers, process), "the request's run")
+
+        # Said once: the warning, then two heartbeats, then the scheduler stopped.
+        errors = schedulers.folder / f"run_jobs.{process.number}.err"
+        alive_until(process, lambda: UNHEARD in errors.read_text(), "the warning")
+        beats_after(using, process, server_now(using), 2)
+        process.send_signal(signal.SIGTERM)
+        status, out, err = schedulers.finish(process)
+    assert status == 0, out + err
+    assert err.count(UNHEARD) == 1, err
+    [warning] = [line for line in err.splitlines() if UNHEARD in line]
+    assert "POOL_MODE" in warning and "DIRECT_ALIAS" in warning, warning
+    assert "Listening for notifications on database 'default' failed" not in err, err
 
 
 # A defect (fixed; this failed before): a request heard while its entry runs here waited for

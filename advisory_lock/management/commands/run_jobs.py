@@ -93,7 +93,8 @@ class Command(BaseCommand):
             help=(
                 "How often to look for operators' requests and for the ends of enqueued "
                 f"tasks (default {POLL_INTERVAL:g}). On PostgreSQL requests are heard at once "
-                "anyway (LISTEN/NOTIFY): a longer interval costs the database less."
+                "anyway (LISTEN/NOTIFY): a longer interval costs the database less; where "
+                "they can't be heard (a transaction pooler), they are looked for every second."
             ),
         )
 

@@ -18,8 +18,42 @@ from abc import ABC
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
+from typing import Protocol
+from typing import TypeVar
 
 UTC = datetime.timezone.utc
+
+
+class Identified(Protocol):
+    """A queue's own handle on a task (a ``TaskResult``, an ``AsyncResult``): its ``id``
+    names the task in its queue."""
+
+    @property
+    def id(self) -> str: ...
+
+
+#: The queue's own handle on a task: what ``enqueue()`` / ``apply_async()`` return.
+Handle = TypeVar("Handle", bound=Identified, covariant=True)
+
+
+class DjangoTask(Protocol[Handle]):
+    """A ``django.tasks`` task (or the backport's), as ``queue_for`` tells it: ``enqueue()``
+    and ``get_result()``, both returning its ``TaskResult``. The arguments are the task's
+    own (a ``ParamSpec``, which no signature with keyword-only arguments of its own can
+    carry): any arguments here."""
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Handle: ...
+
+    def get_result(self, result_id: str, /) -> Handle: ...
+
+
+class CeleryTask(Protocol[Handle]):
+    """A Celery task, as ``queue_for`` tells it: ``apply_async()`` and ``AsyncResult()``,
+    both returning its ``AsyncResult``."""
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Handle: ...
+
+    def AsyncResult(self, task_id: str, /) -> Handle: ...
 
 
 class ResultsNotStored(Exception):
@@ -93,8 +127,13 @@ class DjangoTasksQueue(Queue):
 class CeleryQueue(Queue):
     """A Celery task, on any broker; results with the app's result backend."""
 
-    def submit(self, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        return task.apply_async(args=args, kwargs=kwargs)
+    def submit(
+        self, task: Any, args: list[Any], kwargs: dict[str, Any], task_id: str | None = None
+    ) -> Any:
+        """``task_id``: the id to send it under (by default, one Celery chooses)."""
+        if task_id is None:
+            return task.apply_async(args=args, kwargs=kwargs)
+        return task.apply_async(args=args, kwargs=kwargs, task_id=task_id)
 
     def outcome(self, task: Any, task_id: str) -> Outcome | None:
         conf = task.app.conf

@@ -6,18 +6,23 @@ A pending task is a row of ``task_pending`` (``PendingTask``) on the ledger's da
 key's digest (unique), the task's id in its queue, when it was enqueued, when the mark
 expires. A call takes an advisory lock named after the key, so that calls for one key run one
 at a time fleet-wide; under it, a live mark means "one is pending": its result (the queue's
-own handle) is returned and nothing is enqueued; else the task is enqueued and its mark
-written, before the lock is let go. The worker clears the mark when it starts the task (the
-queues' start signals: ``task_started`` of ``django.tasks``, Celery's ``task_prerun``), after
-which a new call enqueues again. A mark whose task never starts (the queue dropped it, the
-worker died first) expires after ``pending_timeout`` seconds.
+own handle) is returned and nothing is enqueued; else the mark is written, the task enqueued
+and its id recorded in the mark, before the lock is let go. The worker clears the mark when it
+starts the task (the queues' start signals: ``task_started`` of ``django.tasks``, Celery's
+``task_prerun``), after which a new call enqueues again. A mark whose task never starts (the
+queue dropped it, the worker died first) expires after ``pending_timeout`` seconds.
 
-A worker may start the task before its mark is visible (a django.tasks task is only known by
-its id once enqueued; the caller's transaction may not have committed the mark): so a Celery
-task's mark is written first, under an id chosen here; a task that has already run when
-``enqueue()`` returns (an immediate backend) is not marked; and a live mark is checked with
-the queue when the queue can say (it stores results): a task that started, ended or is gone
-no longer counts as pending.
+The mark comes before the hand-off because a queue can't take a task back: a failure after it
+(the database, the process) must not leave a task without its mark, which the next call would
+take for "none pending". A Celery task is sent under an id chosen here; a django.tasks task
+gets its id from its backend, so its mark has none ("") until ``enqueue()`` returns, and one
+that never gets it counts as pending, with no handle (``None``), until it expires.
+
+A worker may start the task before its id is in its mark (a django.tasks task is only known
+by its id once enqueued; the caller's transaction may not have committed the mark): so a task
+that has already run when ``enqueue()`` returns (an immediate backend) has its mark deleted,
+and a live mark is checked with the queue when the queue can say (it stores results): a task
+that started, ended or is gone no longer counts as pending.
 
 The receivers of the start signals are connected when the app is ready, for the queue
 packages the process has already imported (a worker has imported its own) and for
@@ -37,6 +42,7 @@ import sys
 import uuid
 from importlib.util import find_spec
 from typing import Any
+from typing import overload
 
 import django
 from django.conf import settings
@@ -49,17 +55,26 @@ from advisory_lock.backends import inspector_for
 from advisory_lock.conf import require_app
 from advisory_lock.locks import advisory_lock
 from advisory_lock.queues import CeleryQueue
+from advisory_lock.queues import CeleryTask
+from advisory_lock.queues import DjangoTask
 from advisory_lock.queues import DjangoTasksQueue
+from advisory_lock.queues import Handle
 from advisory_lock.queues import Queue
 from advisory_lock.queues import queue_for
 from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_seconds
+from advisory_lock.validation import check_text
 
 logger = logging.getLogger("advisory_lock")
 
 #: The default ``pending_timeout``: a pending mark's life, in seconds.
 PENDING_TIMEOUT = 3600.0
+#: The longest key, in characters. A key names a task, it is no payload: it is stored whole
+#: in its mark, and at 4 bytes a character at most this stays far below the largest statement
+#: each server takes by default (MariaDB's ``max_allowed_packet``, 16 MiB), so the same keys
+#: are taken on every database.
+MAX_KEY_LENGTH = 10_000
 #: The signal modules whose start signal clears a pending mark: module, signal, how the
 #: receiver finds the task's id in the signal's arguments.
 _START_SIGNALS = (
@@ -91,25 +106,49 @@ class PendingTask(models.Model):
         return f"{self.task_name} {self.task_id} (pending since {self.enqueued_at})"
 
 
+@overload
 def enqueue_unique(
-    task: Any,
-    *args: Any,
+    task: DjangoTask[Handle],
+    *args: object,
     key: str | None = None,
     pending_timeout: float = PENDING_TIMEOUT,
     using: str | None = None,
-    **kwargs: Any,
-) -> Any:
+    **kwargs: object,
+) -> Handle | str | None: ...
+
+
+@overload
+def enqueue_unique(
+    task: CeleryTask[Handle],
+    *args: object,
+    key: str | None = None,
+    pending_timeout: float = PENDING_TIMEOUT,
+    using: str | None = None,
+    **kwargs: object,
+) -> Handle: ...
+
+
+def enqueue_unique(
+    task: DjangoTask[Handle] | CeleryTask[Handle],
+    *args: object,
+    key: str | None = None,
+    pending_timeout: float = PENDING_TIMEOUT,
+    using: str | None = None,
+    **kwargs: object,
+) -> Handle | str | None:
     """Enqueue ``task(*args, **kwargs)`` unless one of its ``key`` is pending (enqueued, not
     started); return the queue's handle on the one enqueued or pending (a ``TaskResult``, or
     Celery's ``AsyncResult``; for a pending task of a backend that can't read results back,
-    its id).
+    its id; ``None`` for a pending ``django.tasks`` task whose id was never recorded, the
+    database having failed after it was enqueued).
 
     ``key`` defaults to the task's name and its JSON-encoded arguments. ``pending_timeout``:
     seconds after which a mark whose task never started no longer counts (> 0, at most a
     century). ``using``: the database of the marks and of the lock (default: where the router
     writes ``PendingTask``; the workers clear marks there). ``TypeError`` for what is not a
     task, a key that is not a str, or arguments that JSON can't encode without a ``key``;
-    ``ValueError`` for a bad ``pending_timeout`` or a blank key: before anything is taken.
+    ``ValueError`` for a bad ``pending_timeout``, or a key that is blank, longer than
+    ``MAX_KEY_LENGTH`` or not storable (NUL, a lone surrogate): before anything is taken.
     """
     queue = queue_for(task)
     timeout = check_seconds(
@@ -127,47 +166,64 @@ def enqueue_unique(
         now = inspector_for(connections[alias]).database_now()
         pending = marks.filter(key_hash=digest, expires_at__gt=now).first()
         if pending is not None:
-            handle = _pending_handle(queue, task, pending.task_id)
+            if not pending.task_id:
+                # Handed to its queue, its id never recorded: pending until it expires.
+                return None
+            handle: Handle | str | None = _pending_handle(queue, task, pending.task_id)
             if handle is not None:
                 return handle
             # The queue says it started, ended or is gone: its mark was not cleared (the
             # worker started it before the mark was visible, or clears marks elsewhere).
-
-        def mark(task_id: str) -> None:
-            marks.update_or_create(
-                key_hash=digest,
-                defaults={
-                    "key": key,
-                    "task_name": queue.name(task)[:255],
-                    "task_id": task_id,
-                    "enqueued_at": now,
-                    "expires_at": now + datetime.timedelta(seconds=timeout),
-                },
-            )
-
+        # The mark is written before the hand-off and kept whatever fails after it: the
+        # queue can't take a task back (a sent message, a row of another database), so a
+        # task without a mark would let the next call enqueue a second one. A Celery task is
+        # sent under an id chosen here; a django.tasks task gets its id from its backend, so
+        # its mark says "" (not known yet) until enqueue() returns.
+        task_id = str(uuid.uuid4()) if isinstance(queue, CeleryQueue) else ""
+        marks.update_or_create(
+            key_hash=digest,
+            defaults={
+                "key": key,
+                "task_name": queue.name(task)[:255],
+                "task_id": task_id,
+                "enqueued_at": now,
+                "expires_at": now + datetime.timedelta(seconds=timeout),
+            },
+        )
+        result: Handle
+        try:
+            if isinstance(queue, CeleryQueue):
+                result = queue.submit(task, list(args), kwargs, task_id=task_id)
+            else:
+                result = queue.submit(task, list(args), kwargs)
+        except BaseException:
+            # The queue refused the task (it raised before returning a handle on it): the
+            # next call must be free to enqueue.
+            marks.filter(key_hash=digest, task_id=task_id).delete()
+            raise
+        # Handed off. A failure from here leaves the mark: at worst the key waits for
+        # pending_timeout, never two of its tasks pending.
         if isinstance(queue, CeleryQueue):
-            # The mark first, under the id the task will have: a worker that starts it at
-            # once finds the mark to clear.
-            task_id = str(uuid.uuid4())
-            mark(task_id)
-            try:
-                return task.apply_async(args=list(args), kwargs=kwargs, task_id=task_id)
-            except BaseException:
-                marks.filter(key_hash=digest, task_id=task_id).delete()
-                raise
-        result = queue.submit(task, list(args), kwargs)
+            # Marked under its id already: a worker that started it at once (or apply_async
+            # itself, under task_always_eager) found the mark and cleared it.
+            return result
         if _has_started(result):
             # Run by enqueue() itself (an immediate backend): it is not pending.
             marks.filter(key_hash=digest).delete()
         else:
-            mark(str(result.id))
+            marks.filter(key_hash=digest, task_id="").update(task_id=str(result.id))
     return result
 
 
 def _key(
-    queue: Queue, task: Any, key: object, args: tuple[Any, ...], kwargs: dict[str, Any]
+    queue: Queue,
+    task: object,
+    key: object,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
 ) -> str:
-    """The uniqueness key: ``key``, or the task's name and its JSON-encoded arguments."""
+    """The uniqueness key: ``key``, or the task's name and its JSON-encoded arguments;
+    ``ValueError`` for one that not every database can store."""
     if key is None:
         try:
             arguments = json.dumps([list(args), kwargs], sort_keys=True)
@@ -176,12 +232,26 @@ def _key(
                 f"enqueue_unique's default key is the task's name and its arguments encoded "
                 f"as JSON, which failed ({exc}): pass key=."
             ) from exc
-        return f"{queue.name(task)}:{arguments}"
+        name = "the default key (the task's name and its arguments as JSON)"
+        try:
+            return _storable(name, f"{queue.name(task)}:{arguments}")
+        except ValueError as error:
+            raise ValueError(f"{error} Pass key=.") from None
     if not isinstance(key, str):
         raise TypeError(f"key must be a str or None, not {key!r}.")
     if not key.strip():
         raise ValueError(f"key must be a non-blank str, not {key!r}.")
-    return key
+    return _storable("key", key)
+
+
+def _storable(name: str, key: str) -> str:
+    """``key`` if it is at most ``MAX_KEY_LENGTH`` characters and every database can store it
+    (``check_text``: no NUL, no lone surrogate); ``ValueError`` naming ``name`` otherwise."""
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"{name} {key[:40]!r}... is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}."
+        )
+    return check_text(name, key)
 
 
 def _has_started(result: Any) -> bool:

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import hashlib
+import importlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,10 +42,12 @@ import django
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import DatabaseError
 from django.db import connections
 from django.test import override_settings
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.tasks import MAX_KEY_LENGTH
 from advisory_lock.tasks import PendingTask
 from advisory_lock.tasks import enqueue_unique
 from tests.probes import is_free
@@ -488,6 +493,115 @@ def test_bad_key_is_refused_before_anything_is_enqueued(using, django_queue, key
     with pytest.raises(error, match="key must be"):
         enqueue_unique(queue.task, "f", "r", key=key, using=using)
     assert row_ids(queue.rows) == []
+
+
+class QueueKind(enum.Enum):
+    """The queues of these tests, named after their fixture."""
+
+    DJANGO = "django_queue"
+    CELERY = "celery_queue"
+
+
+@pytest.fixture(params=QueueKind, ids=lambda kind: kind.name.lower())
+def any_queue(request):
+    """The task of ``django_queue`` or of ``celery_queue``, and ``handed()``: the ids of the
+    tasks handed to that queue (django-tasks-db's rows, the messages waiting on Redis)."""
+    queue = request.getfixturevalue(request.param.value)
+    if request.param is QueueKind.DJANGO:
+        return SimpleNamespace(task=queue.task, handed=lambda: row_ids(queue.rows))
+    return SimpleNamespace(task=queue.task, handed=lambda: waiting_messages(queue.name))
+
+
+#: How many times a caller tries again after an error.
+RETRIES = 3
+
+
+class Unstorable(enum.Enum):
+    """A key that not every database can store, and what its ``ValueError`` says."""
+
+    NUL = ("digest\x00:1", "NUL")
+    LONE_SURROGATE = ("digest:\udcff", "lone surrogate")
+    TOO_LONG = ("k" * (MAX_KEY_LENGTH + 1), f"the limit is {MAX_KEY_LENGTH}")
+
+
+@pytest.mark.parametrize("defect", Unstorable, ids=lambda defect: defect.name.lower())
+def test_a_key_not_every_database_can_store_is_a_value_error_before_anything_is_enqueued(
+    using, any_queue, defect
+):
+    """Regression test: a NUL in the key enqueued the task, then failed writing its mark on
+    PostgreSQL (DataError), one more task at each retry; a lone surrogate was a
+    UnicodeEncodeError; a key of any length was taken (a mark beyond the server's packet size
+    fails after the enqueue on MariaDB)."""
+    key, says = defect.value
+    before = marks(using).count()
+    for _ in range(RETRIES):
+        with pytest.raises(ValueError, match=f"^key .*{re.escape(says)}"):
+            enqueue_unique(any_queue.task, "f", "r", key=key, using=using)
+    assert any_queue.handed() == []
+    assert marks(using).count() == before
+
+
+def test_a_default_key_too_long_is_a_value_error_that_says_pass_key(using, django_queue):
+    """The default key (the task's name and its arguments as JSON) is checked as a key is."""
+    queue = django_queue
+    with pytest.raises(ValueError, match=f"the limit is {MAX_KEY_LENGTH}. Pass key="):
+        enqueue_unique(queue.task, "f" * MAX_KEY_LENGTH, "r", using=using)
+    assert row_ids(queue.rows) == []
+    result = enqueue_unique(queue.task, "f" * MAX_KEY_LENGTH, "r", key=token(), using=using)
+    assert row_ids(queue.rows) == [task_id(result)]
+    marks(using).filter(task_id=task_id(result)).delete()
+
+
+@contextlib.contextmanager
+def marks_table_gone_after_the_hand_off(using: str, queue: str) -> Iterator[list[str]]:
+    """At the first hand-off of a task of ``queue`` (``task_enqueued``, sent by the backend
+    once it has stored the task), rename ``task_pending`` away, as a database would fail
+    under the mark's write after the enqueue; rename it back on leaving. Yields the ids of
+    the tasks that were handed off with the table gone."""
+    package = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    signal = importlib.import_module(f"{package}.signals").task_enqueued
+    gone: list[str] = []
+
+    def rename_away(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.queue_name == queue and not gone:
+            with connections[using].cursor() as cursor:
+                cursor.execute("ALTER TABLE task_pending RENAME TO task_pending_away")
+            gone.append(str(task_result.id))
+
+    signal.connect(rename_away, weak=False)
+    try:
+        yield gone
+    finally:
+        signal.disconnect(rename_away)
+        if gone:
+            with connections[using].cursor() as cursor:
+                cursor.execute("ALTER TABLE task_pending_away RENAME TO task_pending")
+
+
+def test_a_failure_after_the_hand_off_leaves_no_second_pending_task(using, django_queue):
+    """Regression test: the mark was written after the enqueue, so a write that failed there
+    (here: its table is gone) left a task and no mark, and each retry enqueued one more. The
+    mark is written before the hand-off and kept: the retries find the key pending (its id
+    unknown, so they return None), and enqueue nothing until it expires."""
+    queue = django_queue
+    key = f"hand-off:{token()}"
+    args = (queue.task, str(queue.folder), str(queue.release))
+    with marks_table_gone_after_the_hand_off(using, queue.name) as gone:
+        with pytest.raises(DatabaseError):
+            enqueue_unique(*args, key=key, pending_timeout=600, using=using)
+    assert row_ids(queue.rows) == gone  # handed off, then the write failed
+    retries = [enqueue_unique(*args, key=key, using=using) for _ in range(RETRIES)]
+    assert row_ids(queue.rows) == gone  # no second pending task
+    assert retries == [None] * RETRIES
+    (mark,) = marks(using).filter(key=key)
+    assert mark.task_id == ""
+    assert mark.expires_at - mark.enqueued_at == datetime.timedelta(seconds=600)
+    assert is_free(lock_name(key), using)
+    # Once its mark expires, the key enqueues again.
+    marks(using).filter(pk=mark.pk).update(expires_at=mark.enqueued_at)
+    later = enqueue_unique(*args, key=key, using=using)
+    assert row_ids(queue.rows) == sorted([*gone, task_id(later)])
+    marks(using).filter(key=key).delete()
 
 
 def test_arguments_that_json_cannot_encode_need_a_key(using, django_queue):

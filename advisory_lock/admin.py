@@ -4,8 +4,14 @@ control room (live schedulers, pause / resume, run now, each entry's slot timeli
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
+from typing import Concatenate
+from typing import ParamSpec
+from typing import TypeVar
 
 from django.contrib import admin
 from django.contrib import messages
@@ -15,11 +21,13 @@ from django.db import DEFAULT_DB_ALIAS
 from django.db import DatabaseError
 from django.db import connections
 from django.db import router
+from django.db import transaction
 from django.http import HttpRequest
 from django.http import HttpResponse
 from django.http import HttpResponseNotAllowed
 from django.http import HttpResponseRedirect
 from django.http import QueryDict
+from django.template.response import SimpleTemplateResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.urls import reverse
@@ -32,10 +40,11 @@ from advisory_lock.control import JobControl
 from advisory_lock.control import NoSchedulerAlive
 from advisory_lock.control import request_run
 from advisory_lock.control import set_paused
-from advisory_lock.inspection import HeldLock
+from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
+from advisory_lock.ledger import table_checked
 from advisory_lock.liveness import live_schedulers
 from advisory_lock.liveness import no_scheduler_alive
 from advisory_lock.models import JobRun
@@ -43,19 +52,116 @@ from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduler import Scheduler
+from advisory_lock.timeline import MISSED
+from advisory_lock.timeline import PAUSED
 from advisory_lock.timeline import parse_since
 from advisory_lock.timeline import timeline
 from advisory_lock.validation import check_text
 
 logger = logging.getLogger("advisory_lock")
 
-# Keyed by the status as stored (a str): TextChoices members equal and hash as their values.
+#: The badge colour of each run status, keyed by the status as stored (a str: TextChoices
+#: members equal and hash as their values). A status missing here (one that another version of
+#: the app, or a ``QuerySet.update()``, stored) gets ``UNKNOWN_COLOUR`` and is shown as stored;
+#: tests/test_admin_statuses.py, generated from ``JobRun.Status``, fails for a member of the
+#: enum that has no colour of its own here.
 STATUS_COLOURS: dict[str, str] = {
     JobRun.Status.RUNNING: "#1565c0",
     JobRun.Status.SUCCEEDED: "#2e7d32",
     JobRun.Status.FAILED: "#c62828",
     JobRun.Status.ABANDONED: "#6d4c41",
+    JobRun.Status.ENQUEUED: "#6a1b9a",
 }
+UNKNOWN_COLOUR = "#37474f"
+#: A timeline slot's outcome: its latest run's status, or ``paused`` / ``missed`` (no run).
+OUTCOME_COLOURS: dict[str, str] = {**STATUS_COLOURS, PAUSED: "#757575", MISSED: "#c62828"}
+#: The outcomes that need an operator's look, in bold on the timeline.
+BOLD_OUTCOMES = frozenset({JobRun.Status.FAILED, MISSED})
+STATUS_LABELS: dict[str, str] = dict(JobRun.Status.choices)
+
+
+def status_badge(status: str) -> str:
+    """A run status as a coloured badge: its label, or the value as stored for a status the
+    enum does not have (escaped, as ``format_html`` escapes every argument)."""
+    return format_html(
+        '<span class="jobrun-status" data-status="{}" style="background:{};color:#fff;'
+        'padding:2px 8px;border-radius:8px">{}</span>',
+        status,
+        STATUS_COLOURS.get(status, UNKNOWN_COLOUR),
+        STATUS_LABELS.get(status, status),
+    )
+
+
+def app_aliases() -> list[str]:
+    """The databases of the app's tables: where the router reads and writes its models (one
+    alias, unless a router splits them)."""
+    models = list(JobRun._meta.app_config.get_models())
+    return sorted(
+        {router.db_for_read(model) for model in models}
+        | {router.db_for_write(model) for model in models}
+    )
+
+
+@contextlib.contextmanager
+def ledger_checked(aliases: list[str]) -> Iterator[None]:
+    """Raise ``LedgerNotMigrated`` (which says to run ``migrate``) instead of the database's
+    error when a statement of the block fails because a table of the app is missing on one of
+    ``aliases`` (``ledger.table_checked``: the tables are looked for after a failure only).
+
+    On an alias already in a transaction (``ATOMIC_REQUESTS``, a caller's ``atomic``), the
+    block runs in a savepoint, rolled back when the block fails and before the tables are
+    looked for: PostgreSQL refuses every statement of a transaction after a failed one ("current
+    transaction is aborted") until the transaction or a savepoint is rolled back, the look for
+    the tables and the rest of the request's statements included.
+    """
+    with contextlib.ExitStack() as stack:
+        for alias in aliases:
+            stack.enter_context(table_checked(alias))
+        for alias in aliases:
+            if connections[alias].in_atomic_block:
+                stack.enter_context(transaction.atomic(using=alias))
+        yield
+
+
+P = ParamSpec("P")
+A = TypeVar("A", bound="JobRunAdmin")
+
+
+def says_to_migrate(
+    view: Callable[Concatenate[A, HttpRequest, P], HttpResponse],
+) -> Callable[Concatenate[A, HttpRequest, P], HttpResponse]:
+    """The admin view ``view``, answering a page that says to run ``migrate`` (status 503)
+    when it fails on a missing table of the app, instead of a 500.
+
+    Django renders a ``TemplateResponse`` after the view has returned, and the admin's pages
+    read rows while rendering (the changelist's results and date hierarchy): the response is
+    rendered here, inside the check. ``render()`` is what Django's handler calls next; it does
+    nothing to a response already rendered.
+    """
+
+    @functools.wraps(view)
+    def checked(
+        admin_: A, request: HttpRequest, /, *args: P.args, **kwargs: P.kwargs
+    ) -> HttpResponse:
+        try:
+            with ledger_checked(app_aliases()):
+                response = view(admin_, request, *args, **kwargs)
+                if isinstance(response, SimpleTemplateResponse):
+                    response.render()
+                return response
+        except LedgerNotMigrated as error:
+            logger.warning("The admin page %s can't be shown: %s", request.path, error)
+            context = {
+                **admin_.admin_site.each_context(request),
+                "title": "Run migrate",
+                "error": str(error),
+                "opts": admin_.model._meta,
+            }
+            return TemplateResponse(
+                request, "admin/advisory_lock/not_migrated.html", context, status=503
+            )
+
+    return checked
 
 
 class RecentJobFilter(admin.SimpleListFilter):
@@ -94,7 +200,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     fields = [
         "job_name",
         "period",
-        "status",
+        "status_badge",
         "attempt",
         "started_at",
         "finished_at",
@@ -110,11 +216,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
-        return format_html(
-            '<span style="background:{};color:#fff;padding:2px 8px;border-radius:8px">{}</span>',
-            STATUS_COLOURS[run.status],
-            run.status,
-        )
+        return status_badge(run.status)
 
     @admin.display(description="duration", ordering="duration")
     def took(self, run: JobRun) -> str:
@@ -135,17 +237,44 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     # The "Advisory locks" page: the live table of held and awaited locks.
 
+    @says_to_migrate
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """The runs, and above them the declared jobs that are overdue."""
         _ignore_unusable_filters(request)
         try:
-            overdue = overdue_jobs(router.db_for_read(JobRun))
+            with ledger_checked(app_aliases()):
+                overdue = overdue_jobs(router.db_for_read(JobRun))
         except DatabaseError as error:
             logger.warning("The overdue jobs could not be read: %s", error)
             overdue = []
         return super().changelist_view(request, {**(extra_context or {}), "overdue": overdue})
+
+    # Django's other views of a run read it (or, to delete it, write it): each says to run
+    # migrate, as the changelist does, when the app's tables are missing.
+
+    @says_to_migrate
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @says_to_migrate
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().delete_view(request, object_id, extra_context)
+
+    @says_to_migrate
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().history_view(request, object_id, extra_context)
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
@@ -170,6 +299,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             *super().get_urls(),
         ]
 
+    @says_to_migrate
     def schedule_view(self, request: HttpRequest) -> HttpResponse:
         """ADVISORY_LOCK["SCHEDULE"]: each entry's next slot and last run, overdue marked."""
         if not self.has_view_permission(request):
@@ -177,17 +307,20 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         context = {**self.admin_site.each_context(request), "title": "Schedule"}
         using = router.db_for_read(JobRun)
         try:
-            rows = Scheduler(schedule_entries(), using=using).listing()
-            overdue = {job.job_name: job for job in overdue_jobs(using)}
+            # A missing table raises LedgerNotMigrated, which these excepts let through.
+            with ledger_checked(app_aliases()):
+                rows = Scheduler(schedule_entries(), using=using).listing()
+                overdue = {job.job_name: job for job in overdue_jobs(using)}
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
         for row in rows:
             row["overdue"] = overdue.get(row["name"])
         try:
-            live = live_schedulers(using)
-            dead_since = "" if live else no_scheduler_alive(using)
-        except DatabaseError as error:  # the control room's tables not migrated yet
+            with ledger_checked(app_aliases()):
+                live = live_schedulers(using)
+                dead_since = "" if live else no_scheduler_alive(using)
+        except DatabaseError as error:
             live, dead_since = [], f"The schedulers' heartbeats could not be read: {error}"
         context.update(
             rows=rows,
@@ -206,6 +339,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "run_now": "advisory_lock.run_job_now",
     }
 
+    @says_to_migrate
     def schedule_control_view(self, request: HttpRequest) -> HttpResponse:
         """Pause, resume or run now an entry: a POST (with Django's CSRF check, as every
         admin view), by staff with the control's permission, logged in the admin's history."""
@@ -246,6 +380,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         messages.success(request, done)
         return back
 
+    @says_to_migrate
     def timeline_view(self, request: HttpRequest) -> HttpResponse:
         """One entry's slots since ``?since=`` (default: 7 days), with their outcomes."""
         if not self.has_view_permission(request):
@@ -263,11 +398,20 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if entry is None:
                 raise ValueError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
             since = parse_since(context["since"]) if context["since"] else None
-            slots = timeline(entry, router.db_for_read(JobRun), since)
+            # A missing table raises LedgerNotMigrated, which the except lets through.
+            with ledger_checked(app_aliases()):
+                slots = timeline(entry, router.db_for_read(JobRun), since)
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
-        context["slots"] = slots
+        context["rows"] = [
+            {
+                "slot": slot,
+                "colour": OUTCOME_COLOURS.get(slot.outcome, UNKNOWN_COLOUR),
+                "weight": "bold" if slot.outcome in BOLD_OUTCOMES else "normal",
+            }
+            for slot in slots
+        ]
         context["counts"] = {
             outcome: sum(1 for slot in slots if slot.outcome == outcome)
             for outcome in sorted({slot.outcome for slot in slots})
@@ -285,12 +429,25 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         except DatabaseError as error:
             context.update(using=using, rows=[], error=f"The database did not answer: {error}")
             return TemplateResponse(request, "admin/advisory_lock/locks.html", context)
+        try:
+            # The runs are this alias's: a ledger not migrated there hides them, not the locks.
+            with ledger_checked([using]):
+                runs = _latest_runs(using)
+        except LedgerNotMigrated as error:
+            runs, context["runs_note"] = {}, f"The latest runs can't be shown: {error}"
         context.update(
             using=using,
             aliases=_lock_aliases(),
             source=locks.source,
             note=locks.note,
-            rows=_rows_with_runs(locks, using),
+            rows=[
+                {
+                    "lock": lock,
+                    "run": runs.get(lock.db_key),
+                    "seconds": lock.held_for if lock.granted else lock.waited_for,
+                }
+                for lock in locks
+            ],
             is_superuser=request.user.is_superuser,
             opts=self.model._meta,
         )
@@ -367,18 +524,12 @@ def _lock_aliases() -> list[str]:
     return [alias for alias in connections if is_supported(connections[alias])]
 
 
-def _rows_with_runs(locks: list[HeldLock], using: str) -> list[dict[str, Any]]:
-    """Each lock with the latest run guarded by it (the ledger's rows name their lock)."""
+def _latest_runs(using: str) -> dict[Any, JobRun]:
+    """The latest run under each lock of database ``using``, by the lock's key there (the
+    ledger's rows name their lock)."""
     backend = backend_for(connections[using])
     latest: dict[Any, JobRun] = {}
     for run in JobRun.objects.using(using).exclude(lock_key="").order_by("-started_at")[:500]:
         with contextlib.suppress(ValueError, TypeError, ImproperlyConfigured):
             latest.setdefault(backend.db_key(LockKey.from_identity(run.lock_key)), run)
-    return [
-        {
-            "lock": lock,
-            "run": latest.get(lock.db_key),
-            "seconds": lock.held_for if lock.granted else lock.waited_for,
-        }
-        for lock in locks
-    ]
+    return latest

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db import connections
+from django.db import transaction
 
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
@@ -153,7 +154,17 @@ def known_keys(using: str | None = None) -> dict[str, Any]:
     """Every name this process knows, with its key: the registered ones, the locks of the
     ledger's recent runs, and names used in this process lately."""
     keys = registered_keys()
-    with contextlib.suppress(DatabaseError, LookupError):
+    # The ledger may not be on this database (or not migrated there). In a transaction
+    # (ATOMIC_REQUESTS), its failed read is rolled back to a savepoint: PostgreSQL refuses
+    # every later statement of a transaction after a failed one, the locks' listing included,
+    # until the transaction or a savepoint is rolled back.
+    connection = connections[check_alias(using)]
+    savepoint = (
+        transaction.atomic(using=connection.alias)
+        if connection.in_atomic_block
+        else contextlib.nullcontext()
+    )
+    with contextlib.suppress(DatabaseError, LookupError), savepoint:
         keys.update((name, key) for name, key in ledger_keys(using).items() if name not in keys)
     for name in recent_names():
         keys.setdefault(name, name)

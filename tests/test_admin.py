@@ -93,7 +93,11 @@ def test_the_changelist_runs_a_fixed_number_of_queries_however_many_runs(client,
     with CaptureQueriesContext(connection) as many:
         assert client.get(CHANGELIST, params).status_code == 200
     assert len(many) == len(few)
-    assert len(few) <= 10
+    # Inside a transaction (this test's, or ATOMIC_REQUESTS) the page reads the ledger in
+    # savepoints (advisory_lock.admin.ledger_checked): two, of two statements each.
+    reads = [query for query in few if "SAVEPOINT" not in query["sql"]]
+    assert len(few) - len(reads) <= 4
+    assert len(reads) <= 10
 
 
 # The "Advisory locks" page.

@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from time import monotonic
+from typing import TypeVar
 
 from django.db import DatabaseError
 from django.db import connections
@@ -29,6 +30,10 @@ from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_wait
 
 logger = logging.getLogger("advisory_lock")
+T = TypeVar("T")
+
+#: Seconds that a statement on the way out of an unwatched lock may take (see ``deadline``).
+EXIT_DEADLINE = 10.0
 
 
 def direct_alias(alias: str) -> str:
@@ -63,6 +68,10 @@ class DedicatedLock:
         self.db_key = self.backend.db_key(self.key)
         self.lost = False
         self.acquired_at: float | None = None
+        #: How long a statement on the way out (a release, the close) may go unanswered
+        #: before the lock counts as lost and the connection is left to the process: the
+        #: heartbeat once ``watch()`` started, else ``EXIT_DEADLINE``.
+        self.deadline = EXIT_DEADLINE
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -133,6 +142,8 @@ class DedicatedLock:
         lock we can't prove we hold must be treated as lost.
         """
 
+        self.deadline = heartbeat
+
         def run() -> None:
             while not self._stop.wait(heartbeat):
                 if not self._held_within(heartbeat) and not self._stop.is_set():
@@ -147,26 +158,45 @@ class DedicatedLock:
 
     def _held_within(self, seconds: float) -> bool:
         """Is the lock still held? False on an error, or on no answer within ``seconds``."""
-        answer: list[bool] = []
+        try:
+            return self._within(seconds, lambda: self.backend.is_held(self.db_key))
+        except Exception:
+            return False
 
-        def check() -> None:
+    def _within(self, seconds: float, statement: Callable[[], T]) -> T:
+        """``statement()`` on the lock's connection, under the mutex, answered within
+        ``seconds``: its result or its error; ``TimeoutError`` if no answer came by then.
+
+        A socket read has no deadline of its own here (libpq and mysqlclient wait for as long
+        as the kernel keeps the connection, and on a silent network, a black-holed route or
+        a hung middlebox that still ACKs, that is for ever), so the statement runs in a
+        thread of its own that the caller stops waiting for. Such a thread is remembered
+        until it ends: it owns the connection, which nothing else may touch (see close()).
+        """
+        outcome: list[tuple[bool, object]] = []
+
+        def run() -> None:
             try:
                 with self._mutex:
-                    answer.append(self.backend.is_held(self.db_key))
-            except Exception:
-                answer.append(False)
+                    outcome.append((True, statement()))
+            except Exception as error:
+                outcome.append((False, error))
             finally:
-                self._checkers.discard(checker)
+                self._checkers.discard(thread)
 
-        # Each check has its own thread (the watchdog's and verify()'s may overlap; the mutex
-        # keeps their statements apart), remembered until it ends: see close().
-        checker = threading.Thread(
-            target=check, name=f"advisory_lock:{self.label}:check", daemon=True
-        )
-        self._checkers.add(checker)
-        checker.start()
-        checker.join(seconds)
-        return bool(answer and answer[0])
+        # Each statement has its own thread (the watchdog's checks and verify() may
+        # overlap; the mutex keeps their statements apart).
+        thread = threading.Thread(target=run, name=f"advisory_lock:{self.label}", daemon=True)
+        self._checkers.add(thread)
+        thread.start()
+        thread.join(seconds)
+        if not outcome:
+            raise TimeoutError(f"the database did not answer within {seconds:g}s")
+        answered, value = outcome[0]
+        if not answered:
+            assert isinstance(value, Exception)
+            raise value
+        return value  # type: ignore[return-value]
 
     def stop_watching(self) -> None:
         """Stop the watchdog and wait for it: after this, ``on_lost`` is never called."""
@@ -182,9 +212,9 @@ class DedicatedLock:
             if self.lost:
                 raise LockLost(self.lost_message())
             try:
-                with self._mutex:
-                    released = self.backend.release(self.db_key, shared=False)
-            except DatabaseError as error:
+                released = self._within(self.deadline, self._release_statement)
+            except (DatabaseError, TimeoutError) as error:
+                self.lost = True
                 raise LockLost(
                     f"{self.label}: releasing lock {self.key.label} on database {self.using!r} "
                     f"failed ({error}): it was lost, and another instance may have run."
@@ -214,8 +244,7 @@ class DedicatedLock:
         self.stop_watching()
         try:
             if self.acquired_at is not None and not self.lost and not self._checkers:
-                with self._mutex:
-                    self.backend.release(self.db_key, shared=False)
+                self._within(self.deadline, self._release_statement)
         except Exception:
             logger.debug(
                 "%s: releasing lock %s failed.", self.label, self.key.label, exc_info=True
@@ -223,14 +252,19 @@ class DedicatedLock:
         finally:
             self.close()
 
+    def _release_statement(self) -> bool:
+        return self.backend.release(self.db_key, shared=False)
+
     def close(self) -> None:
-        """Close the lock's connection, which drops whatever it still holds. A check still
-        waiting on a silent network owns the connection: it goes with the process."""
+        """Close the lock's connection, which drops whatever it still holds. A statement
+        still waiting on a silent network owns the connection: it goes with the process.
+        Closing sends the server a goodbye (PostgreSQL's Terminate, MySQL's COM_QUIT), a
+        blocking write: it too has ``deadline`` seconds."""
         self.acquired_at = None
         if not self._checkers:
             try:
-                self.connection.close()
-            except DatabaseError:
+                self._within(self.deadline, self.connection.close)
+            except (DatabaseError, TimeoutError):
                 logger.debug(
                     "%s: closing the lock's connection failed.", self.label, exc_info=True
                 )

@@ -105,6 +105,7 @@ class SingleInstanceMixin:
             period=_setting(self, "lock_ledger"),
             owns_process=True,
             atomic=self.lock_ledger_atomic,
+            exit_after_loss=self._from_argv,
         )
         try:
             started = guarded.start()

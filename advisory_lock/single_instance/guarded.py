@@ -22,7 +22,9 @@ import contextlib
 import datetime
 import logging
 import math
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -110,6 +112,7 @@ class GuardedRun:
         max_attempts: int | None = None,
         owns_process: bool = False,
         atomic: bool = False,
+        exit_after_loss: bool = False,
     ) -> None:
         if check_flag("atomic", atomic) and period is None:
             raise ValueError(
@@ -119,6 +122,9 @@ class GuardedRun:
         self.key = make_key(key)
         #: A command owns its process: SIGTERM and SIGINT end its run (see below).
         self.owns_process = owns_process
+        #: A command run from the command line ends its process once its lock is lost:
+        #: within ``exit_deadline(heartbeat)`` of the loss, whatever its way out waits for.
+        self.exit_after_loss = exit_after_loss
         self.using = using
         self.label = label
         self.wait = wait
@@ -295,11 +301,13 @@ class GuardedRun:
             if not released:
                 lock.let_go()
         if problems:
+            if self.exit_after_loss and any(isinstance(p, LockLost) for p in problems):
+                _exit_within(exit_deadline(self.heartbeat), str(problems[0]))
             if raising:
                 raise problems[0]
-            lost = next((problem for problem in problems if isinstance(problem, LockLost)), None)
+            loss = next((problem for problem in problems if isinstance(problem, LockLost)), None)
             if (
-                lost is not None
+                loss is not None
                 and self.on_lost == "raise"
                 and isinstance(exc, Exception)
                 and not isinstance(exc, LockLost)
@@ -307,7 +315,7 @@ class GuardedRun:
                 # The body failed after its lock was lost: the loss comes first, since
                 # exclusion may have been broken while it ran; the body's error is its cause.
                 # (An interruption, KeyboardInterrupt or SystemExit, propagates as it is.)
-                raise lost from exc
+                raise loss from exc
             for problem in problems:
                 logger.error("%s", problem)
 
@@ -423,9 +431,13 @@ class GuardedRun:
         on_lost, lock = self.on_lost, self.lock
         assert lock is not None
 
+        exit_after_loss, heartbeat = self.exit_after_loss, self.heartbeat
+
         def lost() -> None:
             message = lock.lost_message()
             logger.error(message)
+            if exit_after_loss and on_lost == "raise":
+                _exit_within(exit_deadline(heartbeat), message)
             if on_lost == "warn":
                 return
             if callable(on_lost):
@@ -437,6 +449,46 @@ class GuardedRun:
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         return lost
+
+
+def exit_deadline(heartbeat: float) -> float:
+    """Seconds from a lost lock to the end of its command's process at the latest: the way
+    out (the ledger's end, bounded by 2 heartbeats; the release and the close, by one each)
+    with room to spare, and never under 10 s."""
+    return max(10.0, 5 * heartbeat)
+
+
+_exit_timers: list[threading.Timer] = []
+
+
+def _exit_within(seconds: float, message: str) -> None:
+    """End this process with status 1 in ``seconds`` unless it has ended by then.
+
+    A command whose lock was lost must stop: another instance may be running. Its way out
+    runs statements (the ledger's end, the release, closing connections, Django's
+    ``connections.close_all()`` after the command, the project's at-exit handlers), and a
+    socket read waits for as long as the kernel keeps the connection: on a silent network,
+    for ever. So a timer (a daemon thread: a process that exits on its own does not wait
+    for it) ends the process then, with ``os._exit()``, which runs nothing more. Armed once.
+    """
+    if _exit_timers:
+        return
+
+    def exit_now() -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.write(
+                f"{message}\nThe process did not end within {seconds:g}s of the loss (its "
+                f"way out waits on the network): exiting now, with status 1.\n"
+            )
+            sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.name = "advisory_lock:exit-after-loss"
+    timer.daemon = True
+    _exit_timers.append(timer)
+    timer.start()
 
 
 def _check_not_in_atomic(using: str, label: str) -> None:

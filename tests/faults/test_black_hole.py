@@ -22,6 +22,7 @@ import time
 
 import pytest
 from django.conf import settings
+from django.db import connections
 
 from advisory_lock import JobRun
 from tests.commands import finish
@@ -32,6 +33,7 @@ from tests.faults.helpers import start_through_proxy
 from tests.faults.helpers import wait_until
 from tests.faults.proxy import BlackHoleProxy
 from tests.probes import is_free
+from tests.servers import kill_connection_of
 
 pytestmark = pytest.mark.faults
 
@@ -161,3 +163,50 @@ def test_black_hole_ledger_command_exits_with_lock_lost(using, proxy, tmp_path):
         proxy.close()  # the server's side closes: it drops the lock now, not in 3 s
         wait_until(lambda: is_free("command:lockapp.ledger_job", using), HANG)
         JobRun.objects.using(using).filter(job_name="lockapp.ledger_job").delete()
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_holder_waiting_in_a_query_behind_the_black_hole_exits_1_after_the_loss(
+    using, proxy, tmp_path
+):
+    """The command's body waits for an answer on its own connection through the proxy when
+    the network goes silent: no answer will come (mysqlclient waits in C, out of reach of
+    the watchdog's SIGINT), yet the process must end with status 1, within the exit
+    deadline of the loss (10 s at this heartbeat), whatever its way out waits for."""
+    holder = start_through_proxy(using, proxy.port, "decorated_job", "--query", "3600")
+    try:
+        with killed_at_the_end(holder):
+            wait_for_line(holder, "running")
+            wait_until(lambda: query_waits(using), HANG)  # the body's query reached the server
+            proxy.black_hole()
+            status, _, err = finish(holder, timeout=HANG)
+            assert status == 1, err
+            assert "was lost" in err, err
+    finally:
+        proxy.close()  # the server's side closes: the lock goes with it
+        # The server notices the closed socket only when the query ends: end it.
+        for session in sleeping_sessions(using):
+            kill_connection_of(using, session)
+    wait_until(lambda: is_free("command:lockapp.decorated_job", using), HANG)
+
+
+def sleeping_sessions(using: str) -> list[int]:
+    """The server's ids of this test database's sessions sleeping in the job's query."""
+    sql = {
+        "postgresql": (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE 'SELECT pg_sleep(%%'"
+        ),
+        "mysql": (
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+            "AND INFO LIKE 'SELECT SLEEP(%%'"
+        ),
+    }[using]
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def query_waits(using: str) -> bool:
+    """Is a session of this test database sleeping in the job's query, as the server says?"""
+    return bool(sleeping_sessions(using))

@@ -16,6 +16,12 @@ def add_job_arguments(parser):
     parser.add_argument("--tenant", default="acme")
     parser.add_argument("--close-connections", action="store_true")
     parser.add_argument("--until", help="Keep working until this file exists (at most 600 s).")
+    parser.add_argument(
+        "--query",
+        type=float,
+        default=0.0,
+        help="After saying 'running', wait this long in a query on the default database.",
+    )
 
 
 def run_job(command, options):
@@ -28,6 +34,10 @@ def run_job(command, options):
     if options["ran"]:
         with Path(options["ran"]).open("a") as ran:
             ran.write(f"{os.getpid()} {options['tenant']}\n")
+    if options["query"]:
+        sleep = "pg_sleep" if connection.vendor == "postgresql" else "SLEEP"
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sleep}(%s)", [options["query"]])
     time.sleep(options["seconds"])
     # A guard against a test that never creates the file, not a timing: a holder that gives up
     # fails loudly instead of finishing as if it had been told to.

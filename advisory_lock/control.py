@@ -199,6 +199,17 @@ def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
     return request
 
 
+def run_going_on(using: str, job_name: str) -> JobRun | None:
+    """The latest run of ``job_name`` that the ledger shows going on (``running``), or None:
+    a run-now request's run waits for its lock, so it starts when that run ends."""
+    return (
+        JobRun.objects.using(using)
+        .filter(job_name=job_name, status=JobRun.Status.RUNNING)
+        .order_by("-started_at", "-pk")
+        .first()
+    )
+
+
 def pending_requests(
     using: str, job_names: Iterable[str], now: datetime.datetime
 ) -> list[JobControl]:

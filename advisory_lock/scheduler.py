@@ -80,6 +80,8 @@ logger = logging.getLogger("advisory_lock")
 Status = JobRun.Status
 #: Exit status of a child that did not run: the entry's lock was busy, or the slot taken.
 SKIPPED = 3
+#: What the scheduler says, with why, of a dead run whose failure it could not write.
+UNRECORDED = "not recorded in the ledger"
 _LOOP = 0.2  # seconds between two looks at the clock while idle
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
 _FOLLOWED = 100  # enqueued slots of an entry asked about per poll, oldest first
@@ -551,17 +553,29 @@ class Scheduler:
             name, slot = child.entry.name, child.slot
             marked = fail_orphaned(self.using, name, slot, f"The run {how}.")
             run = f"{name} [{slot}]"
-            if (
-                not marked
-                and time.monotonic() - death.since < _LOCK_FREED_AFTER_DEATH
-                and claimed_by_process(self.using, name, slot, child.process.pid or 0)
-            ):
+            claimed = not marked and claimed_by_process(
+                self.using, name, slot, child.process.pid or 0
+            )
+            if claimed and time.monotonic() - death.since < _LOCK_FREED_AFTER_DEATH:
                 if not death.said_waiting:
                     death.said_waiting = True
                     self.say(f"run_jobs: {run} died ({how}); its lock is not free yet.")
                 continue
             self._deaths.remove(death)
-            self.say(f"run_jobs: {run} failed: {how}" + ("" if marked else " (not recorded)"))
+            if marked:
+                unrecorded = ""
+            elif claimed:
+                unrecorded = (
+                    f"; {UNRECORDED}: its lock was still held {_LOCK_FREED_AFTER_DEATH:g}s after "
+                    f"it died, so its row stays running until a sweep finds the lock free and "
+                    f"marks it abandoned"
+                )
+            else:
+                unrecorded = (
+                    f"; {UNRECORDED}: it had no running row there (it died before it claimed "
+                    f"the slot, or its row was ended already)"
+                )
+            self.say(f"run_jobs: {run} failed: {how}{unrecorded}")
 
     def _record_deaths_before_exit(self) -> None:
         """Record the deaths, waiting for the server to free their locks (bounded by
@@ -592,7 +606,7 @@ class Scheduler:
             for death in self._deaths:
                 self.say(
                     f"run_jobs: {death.child.entry.name} [{death.child.slot}] failed: "
-                    f"{death.how} (not recorded: the database is unreachable; a sweep will "
+                    f"{death.how}; {UNRECORDED}: the database is unreachable (a sweep will "
                     f"mark it abandoned)"
                 )
             self._deaths.clear()

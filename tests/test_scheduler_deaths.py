@@ -26,7 +26,7 @@ Status = JobRun.Status
 #: A guard against a hang, never a timing: how long any one wait may last.
 HANG = 240.0
 WAITING = "its lock is not free yet"
-GAVE_UP = "(not recorded)"
+GAVE_UP = "not recorded in the ledger"
 
 
 def output(folder: Path, number: int) -> str:

@@ -14,6 +14,7 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock.control import NoSchedulerAlive
 from advisory_lock.control import command_line_user
 from advisory_lock.control import request_run
+from advisory_lock.control import run_going_on
 from advisory_lock.control import set_paused
 from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
@@ -167,10 +168,14 @@ class Command(BaseCommand):
                 request = request_run(using, name, command_line_user())
             except NoSchedulerAlive as error:
                 raise CommandError(str(error), returncode=1) from error
-            self.stdout.write(
-                f"run_jobs: {name} requested as slot {request.slot}; a live scheduler starts "
-                f"it within 2s (after a run of {name} going on now)."
-            )
+            line = f"run_jobs: {name} requested as slot {request.slot}; a live scheduler starts it"
+            if (going_on := run_going_on(using, name)) is None:
+                self.stdout.write(f"{line} within 2s.")
+            else:
+                self.stdout.write(
+                    f"{line} when the run of {name} going on now ends (slot {going_on.period}, "
+                    f"pid {going_on.pid} on {going_on.host}): one run of an entry at a time."
+                )
             return
         pausing = bool(options["pause"])
         changed = set_paused(using, name, pausing, command_line_user())

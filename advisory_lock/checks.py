@@ -27,16 +27,11 @@ from advisory_lock.metrics import metrics_problem
 from advisory_lock.notifications import listening_problem
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
-from advisory_lock.schedule import entry_problems
+from advisory_lock.schedule import SCHEDULE_HINT
+from advisory_lock.schedule import schedule_problems
 from advisory_lock.validation import MAX_SECONDS
 
 POOL_MODES = ("transaction", "session")
-SCHEDULE_HINT = (
-    'An entry is {"command": "nightly_report", "cron": "0 3 * * *"} or '
-    '{"callable": "feeds.jobs.poll", "every": 30}, with optional args, catch_up, retries, '
-    f"timeout and grace. Its name is the job name of its runs: at most {MAX_JOB_NAME_LENGTH} "
-    f"characters, without NUL; its seconds are at most a century ({MAX_SECONDS})."
-)
 JOBS_HINT = (
     'An entry is {"period": "daily", "grace": 7200}: a named period, and seconds (at most a '
     f"century, {MAX_SECONDS}), under a job name of at most {MAX_JOB_NAME_LENGTH} characters."
@@ -146,19 +141,12 @@ def _check_command_graces() -> list[CheckMessage]:
 
 
 def _check_schedule() -> list[CheckMessage]:
-    schedule = get_setting("SCHEDULE")
-    if not isinstance(schedule, dict):
-        return [
-            Error(
-                f"ADVISORY_LOCK['SCHEDULE'] must be a dict of entry names to entries, not "
-                f"{schedule!r}.",
-                id="advisory_lock.E011",
-            )
-        ]
+    """A bad ``SCHEDULE`` is a warning, not an error: Django runs the checks before every
+    command, and an error would stop ``migrate`` and every other command for one cron typo.
+    ``run_jobs``, the only command that schedules, refuses to start on it (``entries()``)."""
     return [
-        Error(problem, hint=SCHEDULE_HINT, id="advisory_lock.E011")
-        for name, options in schedule.items()
-        for problem in entry_problems(name, options)
+        Warning(problem, hint=SCHEDULE_HINT, id="advisory_lock.W011")
+        for problem in schedule_problems()
     ]
 
 

@@ -3,11 +3,12 @@
 An entry runs a management command (``command``, optional ``args``) or an importable callable
 (``callable``), or enqueues a task (``task``: a ``django.tasks`` or Celery task, optional
 JSON-serialisable ``args`` and ``kwargs``; see ``advisory_lock.queues``), on a cron expression
-(``cron``, five fields, in the ledger's time zone) or every ``every`` seconds (the multiples
-of ``every`` since the Unix epoch). Each firing time is a slot of the ``job_runs`` ledger: job
-name = the entry's name, period = the slot's start in ISO 8601 in the ledger's time zone (with
-seconds when ``every`` is below a minute, and the UTC offset in the hour that repeats when DST
-ends), so that it succeeds (or is enqueued) at most once fleet-wide.
+(``cron``, five fields or one of cron's aliases such as ``@daily``, in the ledger's time zone)
+or every ``every`` seconds (the multiples of ``every`` since the Unix epoch). Each firing time
+is a slot of the ``job_runs`` ledger: job name = the entry's name, period = the slot's start
+in ISO 8601 in the ledger's time zone (with seconds when ``every`` is below a minute, and the
+UTC offset in the hour that repeats when DST ends), so that it succeeds (or is enqueued) at
+most once fleet-wide.
 """
 
 from __future__ import annotations
@@ -18,42 +19,42 @@ import json
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
+from dataclasses import fields
 from typing import Any
 
 from django.utils.module_loading import import_string
 
 from advisory_lock.conf import get_setting
+from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.queues import queue_for
 from advisory_lock.validation import MAX_SECONDS
 from advisory_lock.validation import check_seconds
 
-OPTIONS = (
-    "command",
-    "args",
-    "callable",
-    "task",
-    "kwargs",
-    "cron",
-    "every",
-    "catch_up",
-    "retries",
-    "timeout",
-    "grace",
-    "atomic",
-)
 CATCH_UP = ("latest", "all", "none")
 #: The most retries of a slot: its attempts (1 + retries) are counted in a 32-bit column.
 MAX_RETRIES = 2**31 - 2
 #: At most this many missed slots are run by one scheduler pass with ``catch_up="all"``.
 MAX_CATCH_UP = 100
 UTC = datetime.timezone.utc
+#: Cron's aliases (cron(8), as Vixie cron and cronie read them: lower case only), and the five
+#: fields each stands for. cronsim reads five fields only: an alias is translated first.
+CRON_ALIASES = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One scheduled job."""
+    """One scheduled job. Its fields, less ``name``, are the keys an entry of ``SCHEDULE``
+    accepts (``OPTIONS``): a key is added here, and nowhere else."""
 
     name: str
     command: str | None = None
@@ -96,7 +97,8 @@ class Entry:
 
             # cronsim yields firing times strictly before its start when reversed.
             start = (moment + datetime.timedelta(seconds=1)).astimezone(ledger_time_zone())
-            for firing in CronSim(self.cron or "", start.replace(microsecond=0), reverse=True):
+            fields = cron_fields(self.cron or "")
+            for firing in CronSim(fields, start.replace(microsecond=0), reverse=True):
                 if firing <= moment:
                     yield firing.astimezone(UTC)
 
@@ -107,7 +109,7 @@ class Entry:
         from cronsim import CronSim
 
         start = moment.astimezone(ledger_time_zone()).replace(microsecond=0)
-        return next(iter(CronSim(self.cron or "", start))).astimezone(UTC)
+        return next(iter(CronSim(cron_fields(self.cron or ""), start))).astimezone(UTC)
 
     def slot_name(self, slot: datetime.datetime) -> str:
         """The ledger period of ``slot``: its start in ISO 8601, in the ledger's time zone."""
@@ -132,16 +134,58 @@ class Entry:
         return import_string(self.callable or "")  # type: ignore[no-any-return]
 
 
+#: The keys an entry of ``SCHEDULE`` accepts: the fields of ``Entry`` but its name (the
+#: entry's key in ``SCHEDULE``), in their order. Validation, the system check's hint and the
+#: unknown-key message all read them here.
+OPTIONS = tuple(field.name for field in fields(Entry) if field.name != "name")
+#: An entry has exactly one of these (what it runs)...
+TARGETS = ("command", "callable", "task")
+#: ...and exactly one of these (when).
+WHEN = ("cron", "every")
+assert set(TARGETS + WHEN) <= set(OPTIONS)
+
+
+def _one_of(keys: tuple[str, ...]) -> str:
+    return ", ".join(keys[:-1]) + f" or {keys[-1]}"
+
+
+#: What an entry is: every key it accepts, and the limits of its values (the hint of the
+#: system check, which the admin's Schedule page can show beside ``schedule_problems()``).
+SCHEDULE_HINT = (
+    f"An entry has exactly one of {_one_of(TARGETS)} (what it runs), exactly one of "
+    f"{_one_of(WHEN)} (when: five cron fields or one of {', '.join(CRON_ALIASES)}; or "
+    f"seconds), and optionally "
+    f"{_one_of(tuple(key for key in OPTIONS if key not in TARGETS + WHEN))}; e.g. "
+    '{"command": "nightly_report", "cron": "0 3 * * *"} or '
+    '{"callable": "feeds.jobs.poll", "every": 30}. Its name is the job name of its runs: at '
+    f"most {MAX_JOB_NAME_LENGTH} characters, without NUL; its seconds are at most a century "
+    f"({MAX_SECONDS})."
+)
+
+
+def schedule_problems() -> list[str]:
+    """Every problem of ``ADVISORY_LOCK["SCHEDULE"]``, entry by entry; empty if it can be
+    scheduled. What the system check warns of (``advisory_lock.W011``), ``run_jobs`` refuses
+    to start on, and the admin's Schedule page shows."""
+    schedule = get_setting("SCHEDULE")
+    if not isinstance(schedule, dict):
+        return [
+            f"ADVISORY_LOCK['SCHEDULE'] must be a dict of entry names to entries, not "
+            f"{schedule!r}."
+        ]
+    return [
+        problem for name, options in schedule.items() for problem in entry_problems(name, options)
+    ]
+
+
 def entries() -> dict[str, Entry]:
-    """The schedule's entries (raises ValueError naming the first bad one: the system
-    checks report them all, and ``run_jobs`` refuses to start on a bad schedule)."""
-    found = {}
-    for name, options in get_setting("SCHEDULE").items():
-        problems = entry_problems(name, options)
-        if problems:
-            raise ValueError(problems[0])
-        found[name] = _entry(name, options)
-    return found
+    """The schedule's entries. Raises ``ValueError`` naming the first problem of a schedule
+    that has one (``schedule_problems()`` lists them all): ``run_jobs`` refuses to start on
+    it, and the admin's Schedule page says why."""
+    problems = schedule_problems()
+    if problems:
+        raise ValueError(problems[0])
+    return {name: _entry(name, options) for name, options in get_setting("SCHEDULE").items()}
 
 
 def usable_entries() -> dict[str, Entry]:
@@ -156,21 +200,16 @@ def usable_entries() -> dict[str, Entry]:
 
 
 def _entry(name: str, options: dict[str, Any]) -> Entry:
-    return Entry(
-        name=name,
-        command=options.get("command"),
-        args=tuple(options.get("args", ())),
-        callable=options.get("callable"),
-        task=options.get("task"),
-        kwargs=tuple(options.get("kwargs", {}).items()),
-        cron=options.get("cron"),
-        every=float(options["every"]) if "every" in options else None,
-        catch_up=options.get("catch_up", "latest"),
-        retries=options.get("retries", 1),
-        timeout=options.get("timeout"),
-        grace=options.get("grace"),
-        atomic=options.get("atomic", False),
-    )
+    """The ``Entry`` of a valid entry: each key is the field of its name (the entry's lists
+    and dicts made tuples, so that an ``Entry`` is hashable and can't change)."""
+    values = dict(options)
+    if "args" in values:
+        values["args"] = tuple(values["args"])
+    if "kwargs" in values:
+        values["kwargs"] = tuple(values["kwargs"].items())
+    if "every" in values:
+        values["every"] = float(values["every"])
+    return Entry(name=name, **values)
 
 
 def entry_problems(name: object, options: object) -> list[str]:
@@ -204,9 +243,9 @@ def entry_problems(name: object, options: object) -> list[str]:
             f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
             f"{', '.join(OPTIONS)}."
         )
-    targets = [key for key in ("command", "callable", "task") if key in options]
+    targets = [key for key in TARGETS if key in options]
     if len(targets) != 1:
-        problems.append(f"{where} needs exactly one of 'command', 'callable' and 'task'.")
+        problems.append(f"{where} needs exactly one of {_quoted(TARGETS)}.")
     elif "command" in options:
         problems += _command_problems(where, options)
     elif "task" in options:
@@ -218,8 +257,8 @@ def entry_problems(name: object, options: object) -> list[str]:
         )
     if "kwargs" in options and "task" not in options:
         problems.append(f"{where}['kwargs'] goes with 'task' only.")
-    if ("cron" in options) == ("every" in options):
-        problems.append(f"{where} needs exactly one of 'cron' and 'every'.")
+    if sum(key in options for key in WHEN) != 1:
+        problems.append(f"{where} needs exactly one of {_quoted(WHEN)}.")
     elif "cron" in options:
         problems += _cron_problems(where, options["cron"])
     else:
@@ -311,13 +350,32 @@ def _cron_problems(where: str, cron: object) -> list[str]:
     from cronsim import CronSim
     from cronsim import CronSimError
 
-    if not isinstance(cron, str) or len(cron.split()) != 5:
-        return [f"{where}['cron'] must be five fields, e.g. '0 3 * * *', not {cron!r}."]
+    if isinstance(cron, str) and cron.strip().startswith("@"):
+        if cron.strip() not in CRON_ALIASES:
+            return [
+                f"{where}['cron'] = {cron!r} is not one of cron's aliases: "
+                f"{', '.join(CRON_ALIASES)} (or five fields, e.g. '0 3 * * *')."
+            ]
+    elif not isinstance(cron, str) or len(cron.split()) != 5:
+        return [
+            f"{where}['cron'] must be five fields, e.g. '0 3 * * *', or one of "
+            f"{', '.join(CRON_ALIASES)}, not {cron!r}."
+        ]
     try:
-        CronSim(cron, datetime.datetime.now(UTC))
+        CronSim(cron_fields(cron), datetime.datetime.now(UTC))
     except CronSimError as error:
         return [f"{where}['cron'] = {cron!r} is not a valid cron expression: {error}."]
     return []
+
+
+def cron_fields(cron: str) -> str:
+    """The five fields of ``cron``: itself, or what its alias stands for (``@daily``: ``0 0 *
+    * *``), since cronsim reads fields only."""
+    return CRON_ALIASES.get(cron.strip(), cron)
+
+
+def _quoted(keys: tuple[str, ...]) -> str:
+    return ", ".join(map(repr, keys[:-1])) + f" and {keys[-1]!r}"
 
 
 def _importable(path: object) -> bool:

@@ -706,11 +706,11 @@ BAD_TASK_ENTRIES = {
 
 
 @pytest.mark.parametrize(("entry", "says"), BAD_TASK_ENTRIES.values(), ids=BAD_TASK_ENTRIES)
-def test_a_bad_task_entry_is_a_system_check_error_naming_it(entry, says, task_module_installed):
+def test_a_bad_task_entry_is_a_system_check_warning_naming_it(entry, says, task_module_installed):
     schedule = {"good": {"task": RECORD, "kwargs": {"folder": "/tmp"}, "every": 60}}
     schedule["the-bad-one"] = entry
     with settings_with(schedule):
-        errors = [message for message in run_checks() if message.id == "advisory_lock.E011"]
+        errors = [message for message in run_checks() if message.id == "advisory_lock.W011"]
     assert [error.msg for error in errors if "'the-bad-one'" in error.msg and says in error.msg]
     assert all("'the-bad-one'" in error.msg for error in errors), errors
 

@@ -334,7 +334,8 @@ def staff_client(using):
 
 
 # Item 6: a schedule entry's name is a job name of the ledger (at most 200 characters, no NUL,
-# no lone surrogate): E011 says so, instead of run_jobs forking children that die on it.
+# no lone surrogate): W011 says so, and run_jobs refuses to start, instead of forking
+# children that die on it.
 
 UNSTORABLE_ENTRY_NAMES = {
     "201 chars": "x" * 201,
@@ -352,14 +353,14 @@ def test_the_ledgers_limits_are_the_models():
 
 
 @pytest.mark.parametrize("name", list(UNSTORABLE_ENTRY_NAMES))
-def test_a_schedule_entry_name_the_ledger_cant_store_is_a_check_error(name):
+def test_a_schedule_entry_name_the_ledger_cant_store_is_a_check_warning(name):
     entry_name = UNSTORABLE_ENTRY_NAMES[name]
     schedule = {
         "good": {"callable": NOOP, "every": 60},
         entry_name: {"callable": NOOP, "every": 60},
     }
     with lock_settings(SCHEDULE=schedule):
-        errors = check_errors("advisory_lock.E011")
+        errors = check_errors("advisory_lock.W011")
     assert len(errors) == 1, errors
     assert repr(entry_name[:20])[:-1] in errors[0].msg and "job name" in errors[0].msg
     assert errors[0].hint
@@ -368,7 +369,7 @@ def test_a_schedule_entry_name_the_ledger_cant_store_is_a_check_error(name):
 def test_run_jobs_refuses_an_entry_name_longer_than_the_ledgers_column(using, ledger):
     lock_options = {"SCHEDULE": {"x" * 201: {"callable": NOOP, "every": 1}}}
     status, out, err = finish(start_with(using, lock_options, "run_jobs", "--once"))
-    assert status == 1 and "advisory_lock.E011" in err and "Traceback" not in err, (out, err)
+    assert status == 1 and "advisory_lock.W011" in err and "Traceback" not in err, (out, err)
     argv = ["run_jobs", "--once", "--skip-checks"]
     status, out, err = finish(start_with(using, lock_options, *argv))
     assert status == 1 and "CommandError" in err and "200" in err, (out, err)
@@ -377,19 +378,20 @@ def test_run_jobs_refuses_an_entry_name_longer_than_the_ledgers_column(using, le
 
 
 # Item 7: numbers the code can't represent (a timedelta, a date that far away) are check
-# errors, not an OverflowError in the overdue report, the admin or run_jobs.
+# errors (JOBS) and warnings (SCHEDULE), not an OverflowError in the overdue report, the admin
+# or run_jobs.
 
 HUGE = 1e300
 TOO_LARGE = {
-    "every 1e300": ("E011", {"SCHEDULE": {"big": {"callable": NOOP, "every": HUGE}}}),
-    "every 1e12": ("E011", {"SCHEDULE": {"big": {"callable": NOOP, "every": 1e12}}}),
-    "grace 1e300": ("E011", {"SCHEDULE": {"big": {"callable": NOOP, "every": 60, "grace": HUGE}}}),
+    "every 1e300": ("W011", {"SCHEDULE": {"big": {"callable": NOOP, "every": HUGE}}}),
+    "every 1e12": ("W011", {"SCHEDULE": {"big": {"callable": NOOP, "every": 1e12}}}),
+    "grace 1e300": ("W011", {"SCHEDULE": {"big": {"callable": NOOP, "every": 60, "grace": HUGE}}}),
     "timeout 1e300": (
-        "E011",
+        "W011",
         {"SCHEDULE": {"big": {"callable": NOOP, "every": 60, "timeout": HUGE}}},
     ),
     "retries 2**31": (
-        "E011",
+        "W011",
         {"SCHEDULE": {"big": {"callable": NOOP, "every": 60, "retries": 2**31}}},
     ),
     "jobs grace 1e300": ("E010", {"JOBS": {"big": {"period": "daily", "grace": HUGE}}}),
@@ -403,7 +405,7 @@ OVERDUE_CRASHES = {
 
 
 @pytest.mark.parametrize("case", list(TOO_LARGE))
-def test_a_number_too_large_to_compute_with_is_a_check_error(case):
+def test_a_number_too_large_to_compute_with_is_reported_by_the_checks(case):
     check_id, lock_options = TOO_LARGE[case]
     with lock_settings(**lock_options):
         errors = check_errors(f"advisory_lock.{check_id}")
@@ -412,10 +414,11 @@ def test_a_number_too_large_to_compute_with_is_a_check_error(case):
 
 
 @pytest.mark.parametrize("case", list(OVERDUE_CRASHES))
-def test_the_overdue_report_on_a_number_too_large_is_a_check_error_not_a_traceback(using, case):
+def test_the_overdue_report_on_a_number_too_large_is_a_check_message_not_a_traceback(using, case):
     lock_options = OVERDUE_CRASHES[case]
     status, out, err = finish(start_with(using, lock_options, "job_runs", "--overdue"))
-    assert "Traceback" not in err and "advisory_lock.E01" in err, (status, out, err)
+    assert "Traceback" not in err, (status, out, err)
+    assert "advisory_lock.E010" in err or "advisory_lock.W011" in err, (status, out, err)
     argv = ["job_runs", "--overdue", "--skip-checks"]
     status, out, err = finish(start_with(using, lock_options, *argv))
     assert (status, out, "Traceback" in err) == (0, "No declared job is overdue.\n", False), err

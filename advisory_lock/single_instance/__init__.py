@@ -7,18 +7,23 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 from collections.abc import Callable
+from collections.abc import Coroutine
 from typing import Any
+from typing import Literal
+from typing import ParamSpec
+from typing import Protocol
 from typing import TypeVar
 from typing import cast
+from typing import overload
 
 from django.core.management.base import BaseCommand
 
 from advisory_lock.expectations import declare
 from advisory_lock.keys import Key
 from advisory_lock.keys import make_key
-from advisory_lock.periods import Period
 from advisory_lock.periods import check_period
 from advisory_lock.single_instance.commands import SingleInstanceMixin
 from advisory_lock.single_instance.commands import command_label
@@ -43,20 +48,100 @@ __all__ = [
 ]
 
 C = TypeVar("C", bound=type[BaseCommand])
-ON_BUSY = ("skip", "raise")
+P = ParamSpec("P")
+R = TypeVar("R")
+#: What a function's call that finds the lock busy does: return None, or raise LockNotAcquired.
+OnBusy = Literal["skip", "raise"]
+ON_BUSY: tuple[OnBusy, ...] = ("skip", "raise")
+#: A ledger period: one of ``advisory_lock.periods.PERIODS``, or a callable from the time (in
+#: the ledger's time zone) to the slot's name.
+LedgerPeriod = (
+    Literal["once", "hourly", "daily", "weekly", "monthly"] | Callable[[datetime.datetime], str]
+)
+#: A key, or a callable that makes it: from a command's parsed options, or from a function
+#: call's arguments (whatever the function takes, hence ``...``).
+KeyOrCallable = Key | Callable[..., Key]
 
 
+class FunctionDecorator(Protocol):
+    """``@single_instance(..., on_busy=...)``: it decorates a function, sync or async; a call
+    returns the function's result, or None when skipped (the lock busy with
+    ``on_busy="skip"``, the ledger's slot done)."""
+
+    @overload
+    def __call__(
+        self, target: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+    @overload
+    def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+class SingleInstanceDecorator(Protocol):
+    """``@single_instance(...)`` without ``on_busy``: as ``FunctionDecorator``, and it also
+    decorates a command class (it gives a subclass of it)."""
+
+    @overload
+    def __call__(self, target: C, /) -> C: ...
+    @overload
+    def __call__(
+        self, target: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+    @overload
+    def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+# Bare, on a command class, an async function or a sync function (the first overload that
+# matches wins: an async function is a callable too, whose wrapper returns a coroutine).
+@overload
+def single_instance(target: C) -> C: ...
+@overload
 def single_instance(
-    target: Any = None,
+    target: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+@overload
+def single_instance(target: Callable[P, R]) -> Callable[P, R | None]: ...
+# With arguments: on_busy is for functions only (a command raises TypeError).
+@overload
+def single_instance(
+    target: None = None,
     *,
-    key: Key | Callable[..., Key] | None = None,
+    key: KeyOrCallable | None = None,
     wait: float = 0,
     busy_exit_code: int = 0,
     using: str | None = None,
     heartbeat: float = 10,
     on_lost: OnLost = "raise",
-    ledger: Period | None = None,
-    on_busy: str | None = None,
+    ledger: LedgerPeriod | None = None,
+    on_busy: OnBusy,
+    grace: float | None = None,
+    atomic: bool = False,
+) -> FunctionDecorator: ...
+@overload
+def single_instance(
+    target: None = None,
+    *,
+    key: KeyOrCallable | None = None,
+    wait: float = 0,
+    busy_exit_code: int = 0,
+    using: str | None = None,
+    heartbeat: float = 10,
+    on_lost: OnLost = "raise",
+    ledger: LedgerPeriod | None = None,
+    on_busy: None = None,
+    grace: float | None = None,
+    atomic: bool = False,
+) -> SingleInstanceDecorator: ...
+def single_instance(
+    target: Any = None,
+    *,
+    key: KeyOrCallable | None = None,
+    wait: float = 0,
+    busy_exit_code: int = 0,
+    using: str | None = None,
+    heartbeat: float = 10,
+    on_lost: OnLost = "raise",
+    ledger: LedgerPeriod | None = None,
+    on_busy: OnBusy | None = None,
     grace: float | None = None,
     atomic: bool = False,
 ) -> Any:

@@ -20,6 +20,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
+from typing import Literal
 
 from advisory_lock import signals
 from advisory_lock.exceptions import LockNotAcquired
@@ -43,7 +44,7 @@ def single_instance_function(
     heartbeat: float,
     on_lost: OnLost,
     ledger: Period | None,
-    on_busy: str,
+    on_busy: Literal["skip", "raise"],
     atomic: bool = False,
 ) -> Callable[..., Any]:
     """``func`` wrapped: each call runs under ``GuardedRun`` (see the module's docstring)."""

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Literal
 from typing import TypeVar
 
 from asgiref.sync import sync_to_async
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
 
-OnLost = str | Callable[[str], Any]
+#: What a lost lock does: raise ``LockLost``, log a warning, or call this with the message.
+OnLost = Literal["raise", "warn"] | Callable[[str], object]
 INTERRUPTED_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 #: The longest heartbeat: the watchdog waits that long, and the end of a run whose lock was
 #: lost twice that long (threading's longest timeout), and a timedelta must hold it.

@@ -1,16 +1,21 @@
 """The docs' code blocks are checked: every ```python block of the README, docs/ and
 bench/README.md compiles as written; every ```sh block is valid shell whose `make` targets,
-`manage.py` commands and `pip install` extras exist. The API reference (docs/api.md) documents
-every public name from the code (autodoc), so that no name is left out of the docs site."""
+`manage.py` commands and `pip install` extras exist. docs/testing.md's `TestCase` example runs,
+as written, and passes. The API reference (docs/api.md) documents every public name from the
+code (autodoc), so that no name is left out of the docs site."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
+import unittest
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.test import TestCase
 
 import advisory_lock
 
@@ -98,6 +103,51 @@ def test_shell_block(block: Block) -> None:
             for extra in re.findall(r"django-advisory-lock\[([^]]+)\]", line):
                 for name in extra.split(","):
                     assert re.search(rf"^{name} = ", extras.group(1), re.M), f"{block}: {line}"
+
+
+TESTING = ROOT / "docs" / "testing.md"
+#: A block that shows a file of the reader's project starts with a comment naming it.
+FILE_BLOCK = re.compile(r"# ([\w/]+)\.py\n")
+
+
+@pytest.mark.usefixtures("django_db_setup")
+def test_testing_md_testcase_example_runs(tmp_path: Path, django_db_blocker: Any) -> None:
+    """docs/testing.md's ``TestCase`` example, with only its own imports, runs and passes:
+    on the default database, with the demo's ``nightly_report`` command (the README's
+    once-a-day command) and the page's ``myapp/search.py``, written out as a module."""
+    python = [block for block in PYTHON if block.path == TESTING]
+    [example] = [block for block in python if "(TestCase):" in block.code]
+    packages = set()
+    for block in python:
+        match = FILE_BLOCK.match(block.code)
+        if match:
+            module = tmp_path / f"{match.group(1)}.py"
+            module.parent.mkdir(parents=True, exist_ok=True)
+            module.write_text(block.code, encoding="utf-8")
+            for folder in module.relative_to(tmp_path).parents[:-1]:
+                (tmp_path / folder / "__init__.py").touch()
+                packages.add(folder.parts[0])
+    assert packages, "docs/testing.md shows no module of the reader's project"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        namespace: dict[str, Any] = {"__name__": "testing_md_example"}
+        exec(compile(example.code, str(example), "exec"), namespace)
+        cases = [
+            value
+            for value in namespace.values()
+            if isinstance(value, type) and issubclass(value, TestCase) and value is not TestCase
+        ]
+        suite = unittest.TestSuite(map(unittest.defaultTestLoader.loadTestsFromTestCase, cases))
+        result = unittest.TestResult()
+        with django_db_blocker.unblock():
+            suite.run(result)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [name for name in sys.modules if name.split(".")[0] in packages]:
+            del sys.modules[name]
+    problems = "\n".join(trace for _, trace in result.errors + result.failures)
+    assert not problems, f"{example}: {problems}"
+    assert result.testsRun == example.code.count("    def test_") > 0, result.testsRun
 
 
 def test_api_reference_documents_every_public_name() -> None:

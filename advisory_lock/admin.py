@@ -8,6 +8,7 @@ import functools
 import logging
 from collections.abc import Callable
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 from typing import Concatenate
 from typing import ParamSpec
@@ -31,6 +32,7 @@ from django.template.response import SimpleTemplateResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from advisory_lock.backends import backend_for
@@ -406,7 +408,12 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
         context["rows"] = [
             {
-                "slot": slot,
+                # A slot's start is aware (UTC). The template engine shows an aware datetime
+                # in the current time zone only with USE_TZ; without, as it is: so it is put
+                # in that zone here, as the changelist shows the field (naive, TIME_ZONE's).
+                "slot": replace(slot, started=timezone.localtime(slot.started))
+                if slot.started
+                else slot,
                 "colour": OUTCOME_COLOURS.get(slot.outcome, UNKNOWN_COLOUR),
                 "weight": "bold" if slot.outcome in BOLD_OUTCOMES else "normal",
             }

@@ -21,6 +21,8 @@ from typing import Any
 from typing import Protocol
 from typing import TypeVar
 
+from advisory_lock.datetimes import from_field
+
 UTC = datetime.timezone.utc
 
 
@@ -107,12 +109,16 @@ class DjangoTasksQueue(Queue):
             raise ResultsNotStored(f"the backend of {self.name(task)} stores no results")
         result = task.get_result(task_id)
         status = str(result.status)  # TaskResultStatus: READY, RUNNING, FAILED, SUCCESSFUL
+        # A django.tasks backend's times follow Django's rule for datetimes (django-tasks-db's
+        # are DateTimeFields, the others' timezone.now()): naive in TIME_ZONE with USE_TZ =
+        # False, which from_field reads as such.
+        finished_at = None if result.finished_at is None else from_field(result.finished_at)
         if status == "SUCCESSFUL":
-            return Outcome(True, finished_at=result.finished_at)
+            return Outcome(True, finished_at=finished_at)
         if status == "FAILED":
             errors = getattr(result, "errors", None) or []
             error = errors[-1].traceback if errors else "The task failed."
-            return Outcome(False, error or "The task failed.", result.finished_at)
+            return Outcome(False, error or "The task failed.", finished_at)
         return None
 
     def result(self, task: Any, task_id: str) -> Any:

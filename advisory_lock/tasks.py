@@ -53,6 +53,7 @@ from django.db import transaction
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import require_app
+from advisory_lock.datetimes import to_field
 from advisory_lock.locks import advisory_lock
 from advisory_lock.queues import CeleryQueue
 from advisory_lock.queues import CeleryTask
@@ -164,7 +165,9 @@ def enqueue_unique(
     # caller's atomic block the lock is the transaction's, held until its commit).
     with advisory_lock(f"enqueue_unique:{digest}", using=alias):
         now = inspector_for(connections[alias]).database_now()
-        pending = marks.filter(key_hash=digest, expires_at__gt=now).first()
+        # The server's clock is aware; the fields take what Django stores (to_field: naive
+        # in TIME_ZONE with USE_TZ = False, which SQLite's and MySQL's backends require).
+        pending = marks.filter(key_hash=digest, expires_at__gt=to_field(now)).first()
         if pending is not None:
             if not pending.task_id:
                 # Handed to its queue, its id never recorded: pending until it expires.
@@ -186,8 +189,8 @@ def enqueue_unique(
                 "key": key,
                 "task_name": queue.name(task)[:255],
                 "task_id": task_id,
-                "enqueued_at": now,
-                "expires_at": now + datetime.timedelta(seconds=timeout),
+                "enqueued_at": to_field(now),
+                "expires_at": to_field(now + datetime.timedelta(seconds=timeout)),
             },
         )
         result: Handle

@@ -6,7 +6,9 @@ when USE_TZ is False"). The processes run with ``tests.use_tz_false_settings``: 
 is UTC+14 and the ledger's time zone UTC-11, so a slot named in the wrong zone, or a time
 stored in the wrong one, can't pass. Each test brackets what a process wrote between two
 readings of the database server's clock taken before and after it (the clock the ledger
-uses), and checks the stored value's wall time in ``TIME_ZONE`` against them, exactly.
+uses), and checks the stored value's wall time in ``TIME_ZONE`` against them, exactly. The
+same for ``enqueue_unique``'s marks, and for a ``task`` entry whose task a ``db_worker`` (with
+the same settings) runs; and the admin's timeline shows times in ``TIME_ZONE``.
 
 This test process runs with the usual settings (``USE_TZ = True``), so it reads the stored
 datetimes with raw SQL: as the database holds them, not as its own settings would read them.
@@ -20,15 +22,20 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 import zoneinfo
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
 from django.db import connections
+from django.utils import formats
 
 from advisory_lock.models import JobControl
 from advisory_lock.models import JobRun
 from advisory_lock.models import SchedulerHeartbeat
+from advisory_lock.tasks import PendingTask
 from testproject.example.models import Counter
 from tests import use_tz_false_settings
 from tests.processes import Worker
@@ -37,6 +44,8 @@ from tests.schedulers import HANG
 from tests.schedulers import JOBS
 from tests.schedulers import server_now
 from tests.schedulers import wait_for
+from tests.taskapp.services import WorkerProcess
+from tests.taskapp.services import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = use_tz_false_settings.__name__
@@ -51,7 +60,7 @@ LEDGER_CHILD = "tests.ledger_child"
 def cleanup(using):
     """Empties, after the test, the tables that its processes write to on ``using``."""
     yield
-    for model in (JobRun, JobControl, SchedulerHeartbeat, Counter):
+    for model in (JobRun, JobControl, SchedulerHeartbeat, Counter, PendingTask):
         model.objects.using(using).all().delete()
 
 
@@ -326,3 +335,179 @@ def test_run_once_with_settings_configure_in_a_process_of_another_time_zone(
     run = JobRun.objects.using(using).get(pk=int(ok(child)))
     assert_recorded_between(using, run, before, after)
     assert run.period in {day(before, LEDGER_ZONE), day(after, LEDGER_ZONE)}
+
+
+# enqueue_unique's marks, and the task entries of the schedule, on django-tasks-db.
+
+
+@pytest.fixture
+def task_queue(using, monkeypatch):
+    """A django-tasks-db queue of this test's own on ``using``: its name (in the environment
+    of the processes the test starts, where tests/taskapp/schedule_tasks.py reads it) and its
+    rows, removed at the end."""
+    if "django_tasks_db" not in settings.INSTALLED_APPS:
+        missing("django-tasks-db (and on Django 5.2 django-tasks) is not installed")
+    from django_tasks_db.models import DBTaskResult
+
+    name = f"naive-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("ADVISORY_LOCK_TEST_QUEUE", name)
+    rows = DBTaskResult.objects.using(using).filter(queue_name=name)
+    yield SimpleNamespace(name=name, rows=rows)
+    rows.delete()
+
+
+#: ``enqueue_unique`` of ``tests.taskapp.tasks.unique_job`` on the queue ``argv[1]`` with the
+#: key ``argv[2]`` and the pending_timeout ``argv[3]``; it prints the id it got back.
+ENQUEUE = """
+import sys
+
+import django
+
+django.setup()
+
+from advisory_lock.tasks import enqueue_unique
+from tests.taskapp.tasks import unique_job
+
+task = unique_job.using(queue_name=sys.argv[1])
+timeout = float(sys.argv[3])
+result = enqueue_unique(task, "unused", "unused", key=sys.argv[2], pending_timeout=timeout)
+print(result.id)
+"""
+
+
+def enqueue(using: str, folder: Path, queue: str, key: str, pending_timeout: float) -> str:
+    """``enqueue_unique`` in a process with USE_TZ = False; the task id it returned."""
+    child = subprocess.run(
+        [sys.executable, "-c", ENQUEUE, queue, key, str(pending_timeout)],
+        cwd=ROOT,
+        env=environment(using, folder),
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+    return ok(child).strip()
+
+
+def test_enqueue_unique_marks_a_pending_task_and_prune_deletes_it_once_expired(
+    using, cleanup, task_queue, tmp_path
+):
+    """No worker runs: the task stays pending. A second call (another process) within the
+    pending window returns it and enqueues nothing; the mark's times are stored as wall
+    times in TIME_ZONE; once a mark has expired by the server's clock, prune deletes it and
+    keeps the live one."""
+    hour = 3600
+    before = server_now(using)
+    first = enqueue(using, tmp_path, task_queue.name, "naive-live", hour)
+    after = server_now(using)
+    again = enqueue(using, tmp_path, task_queue.name, "naive-live", hour)
+    assert again == first
+    assert [str(pk) for pk in task_queue.rows.values_list("id", flat=True)] == [first]
+    [live] = PendingTask.objects.using(using).filter(key="naive-live")
+    assert live.task_id == first
+    enqueued_at, expires_at = stored(using, "task_pending", "enqueued_at, expires_at", live.pk)
+    assert wall(before) <= enqueued_at <= wall(after)
+    assert expires_at - enqueued_at == datetime.timedelta(seconds=hour)
+
+    brief = enqueue(using, tmp_path, task_queue.name, "naive-brief", 1)
+    [expiring] = PendingTask.objects.using(using).filter(key="naive-brief")
+    assert expiring.task_id == brief != first
+    (ends,) = stored(using, "task_pending", "expires_at", expiring.pk)
+    ends_at = ends.replace(tzinfo=STORED_ZONE)
+    wait_for(lambda: server_now(using) > ends_at, "the brief mark's expiry, by the server's clock")
+    pruned = manage(using, tmp_path, "job_runs", "--prune", "--older-than", "1")
+    assert "expired enqueue_unique mark(s)" in ok(pruned)
+    assert list(PendingTask.objects.using(using).values_list("key", flat=True)) == ["naive-live"]
+
+
+def db_worker(using: str, queue: str, folder: Path) -> WorkerProcess:
+    """django-tasks-db's ``db_worker`` on ``queue``, with USE_TZ = False (as the project's
+    other processes: tests/taskapp/services.py's start their workers with the usual
+    settings)."""
+    name = f"w-{queue}"
+    options = f"--queue-name {queue} --worker-id {name} --interval 0.05 --no-startup-delay"
+    args = [sys.executable, "-m", "django", "db_worker", *options.split(), "--no-reload"]
+    return WorkerProcess(name, args, environment(using, folder), folder)
+
+
+def test_a_task_entry_run_by_run_jobs_once_ends_succeeded(using, cleanup, task_queue, tmp_path):
+    """A ``task`` entry's slot is enqueued by ``run_jobs --once``, run by a db_worker, and
+    recorded succeeded by the next ``--once``, which reads the task's end from the queue
+    (django.tasks' ``finished_at``, naive in TIME_ZONE)."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    record = "tests.taskapp.schedule_tasks.record"
+    entry = {"task": record, "kwargs": {"folder": str(folder)}, "every": settled_every(using)}
+    schedule = {"naive-task": entry}
+    runs = JobRun.objects.using(using).filter(job_name="naive-task")
+    worker = db_worker(using, task_queue.name, tmp_path)
+    try:
+        worker.wait_for("Starting worker")
+        before = server_now(using)
+        ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
+        [run] = runs.all()
+        assert run.status == JobRun.Status.ENQUEUED and run.task_id, (run.status, run.error)
+        wait_for(
+            lambda: task_queue.rows.filter(status="SUCCESSFUL").exists(), "the task's success"
+        )
+    finally:
+        worker.stop()
+    out = ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
+    after = server_now(using)
+    assert f"task {run.task_id} succeeded" in out, out
+    [run] = runs.all()  # read again; the slot was not enqueued again
+    assert_recorded_between(using, run, before, after)
+    [result] = task_queue.rows
+    assert uuid.UUID(str(result.id)) == uuid.UUID(run.task_id)
+
+
+#: The admin's timeline page of the entry ``argv[1]``, as a logged-in superuser sees it,
+#: through Django's test client: its status and its HTML, as JSON.
+ADMIN_PAGE = """
+import json
+import os
+import sys
+
+import django
+
+django.setup()
+
+from django.contrib.auth.models import User
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.urls import reverse
+
+setup_test_environment()  # the test client's host, "testserver", is allowed
+user = User.objects.create_superuser(f"naive-{os.getpid()}", password="unused")
+try:
+    client = Client()
+    client.force_login(user)
+    page = client.get(reverse("admin:advisory_lock_jobrun_timeline"), {"entry": sys.argv[1]})
+finally:
+    user.delete()
+print(json.dumps({"status": page.status_code, "html": page.content.decode()}))
+"""
+
+
+def test_the_admin_timeline_shows_the_start_in_time_zone(using, cleanup, tmp_path):
+    """With USE_TZ = False Django shows every datetime as it is, without converting it to
+    TIME_ZONE: the timeline's start of a run is its wall time in TIME_ZONE, as the job runs'
+    list shows the field, not UTC's."""
+    schedule = {"tick": {"callable": f"{JOBS}.tick", "every": settled_every(using)}}
+    ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
+    [run] = JobRun.objects.using(using).filter(job_name="tick")
+    (started,) = stored(using, "job_runs", "started_at", run.pk)
+    page = subprocess.run(
+        [sys.executable, "-c", ADMIN_PAGE, "tick"],
+        cwd=ROOT,
+        env=environment(using, tmp_path, schedule),
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+    answer = json.loads(ok(page))
+    assert answer["status"] == 200, answer["html"]
+    utc = started.replace(tzinfo=STORED_ZONE).astimezone(UTC).replace(tzinfo=None)
+    local_text, utc_text = (
+        formats.date_format(moment, "DATETIME_FORMAT") for moment in (started, utc)
+    )
+    assert local_text in answer["html"] and utc_text not in answer["html"], (local_text, utc_text)

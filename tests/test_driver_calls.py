@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -143,3 +144,72 @@ def test_a_key_busy_at_its_last_try_is_waited_for_at_once(using):
                     assert handle.acquired
         counts.append(len([q for q in queries if "LOCK" in q["sql"].upper()]))
     assert counts == [3, 2]  # try, wait, release; then wait, release
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises (as a watchdog's or a SIGTERM handler's would)."""
+
+
+@pytest.mark.parametrize(
+    ("using", "target"),
+    [
+        ("default", "main thread"),
+        ("postgresql", "main thread"),
+        # Handled by another thread, the main thread's handler runs when it next runs Python:
+        # SQLite's flock() does not return for that; PostgreSQL's wait wakes up regularly.
+        ("postgresql", "another thread"),
+    ],
+    indirect=["using"],
+)
+def test_a_signal_handler_ends_a_blocking_wait_and_leaves_the_connection_usable(using, target):
+    # PostgreSQL's wait is a prepared statement sent without blocking, then a poll of the
+    # socket: a handler that raises (a watchdog's SIGINT, a SIGTERM handler) ends it, the
+    # statement is cancelled, and the session waits no more.
+    key = f"signalled-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):  # the server pid is known, the statements prepared
+        with advisory_lock(key, using=using):
+            pass
+    main = threading.get_ident()
+    errors = []
+
+    def signal_once_waiting():
+        try:
+            inspector = inspector_for(connections[using])  # this thread's connection
+            deadline = time.monotonic() + DEFAULT_TIMEOUT  # a guard against a hang
+            while not any(not row.granted for row in inspector.list_locks({}).rows):
+                assert time.monotonic() < deadline, "the waiter never showed up waiting"
+                time.sleep(0.01)
+            if target == "main thread":
+                signal.pthread_kill(main, signal.SIGUSR1)
+            else:  # to this thread: Python's C handler runs here, the main thread's later
+                signal.raise_signal(signal.SIGUSR1)
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with held_elsewhere(key, using) as holder:
+            signaller = threading.Thread(target=signal_once_waiting)
+            signaller.start()
+            with pytest.raises(Interrupted), advisory_lock(key, using=using):
+                pytest.fail("the lock was taken while another connection held it")
+            signaller.join(DEFAULT_TIMEOUT)
+            assert not errors, errors
+            assert holder.thread.is_alive()  # still held: the handler ended the wait
+            inspector = inspector_for(connections[using])
+            assert not any(not row.granted for row in inspector.list_locks({}).rows)
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                assert cursor.fetchone() == (1,)
+            if using == "postgresql":
+                pgconn = connections[using].connection.pgconn
+                assert pgconn.transaction_status == pq.TransactionStatus.IDLE
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    with advisory_lock(key, using=using, wait=False) as handle:
+        assert handle.acquired

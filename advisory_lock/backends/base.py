@@ -49,6 +49,7 @@ class LockBackend:
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection: BaseDatabaseWrapper = weakref.proxy(connection)
+        self._alias: str = connection.alias  # a connection object's alias never changes
         # Keys whose last try here found them busy, with how many waits remain before the
         # next try. A wait tries first (a try never blocks, and most locks are free); for a
         # contended key it goes straight to the waiting statement, one round trip per
@@ -128,7 +129,7 @@ class LockBackend:
 
     def session_lock_problem(self) -> str | None:
         """Why session locks can't work on this alias (a transaction pooler), or None."""
-        alias = self.connection.alias
+        alias = self._alias
         if get_setting("POOL_MODE").get(alias) == "transaction":
             return (
                 f"Session-scoped locks can't work on {self.describe()}: "

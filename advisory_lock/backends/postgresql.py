@@ -43,6 +43,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import logging
 import math
 import os
 import re
@@ -50,6 +51,7 @@ import secrets
 import select
 import socket
 import weakref
+from time import monotonic
 from typing import Any
 from typing import NoReturn
 
@@ -71,6 +73,8 @@ from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import LockKey
+
+logger = logging.getLogger("advisory_lock")
 
 #: Aliases found behind a transaction-mode pooler (the server pid changed under one client
 #: connection, or a server connection held another client connection's session locks):
@@ -100,6 +104,7 @@ _HOLDS_ANY = (
 #: the server shutting down or starting up, too many connections.
 _OUTAGE = ("08", "57P", "53300")
 _IDLE = pq.TransactionStatus.IDLE
+_ACTIVE = pq.TransactionStatus.ACTIVE
 _INERROR = pq.TransactionStatus.INERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
@@ -133,6 +138,12 @@ def _function(
         f"pg_{'try_' if try_ else ''}advisory_{'xact_' if xact else ''}lock"
         f"{'_shared' if shared else ''}"
     )
+
+
+# The session statements' functions, by ``shared`` (False: 0, True: 1).
+_TRY = (_function(try_=True, shared=False), _function(try_=True, shared=True))
+_LOCK = (_function(shared=False), _function(shared=True))
+_UNLOCK = (_function(unlock=True, shared=False), _function(unlock=True, shared=True))
 
 
 def _select(function: str, arguments: str) -> str:
@@ -208,6 +219,63 @@ def _prepared(function: str, pair: bool, guarded: bool) -> tuple[bytes, bytes, l
     return name.encode(), select.encode(), types
 
 
+@functools.cache
+def _prepared_wait(function: str, pair: bool, bounded: bool) -> tuple[bytes, bytes, list[int]]:
+    """(name, statement, parameter types) of a session wait prepared on the server: guarded
+    by the server pid and the client mark ("mark" mode, see ``_session_select``), with
+    ``bounded`` a lock_timeout (text, milliseconds) as its last parameter.
+
+    set_config(..., true) lasts for the statement's own transaction (autocommit). The
+    sub-select holds a volatile function, so the planner runs it first, not pulled up.
+    """
+    arguments = "$3, $4" if pair else "$3"
+    select = _session_select(function, arguments, pid="$1", client="$2", mode="mark")
+    types = [_INT4_OID, _TEXT_OID] + ([_INT4_OID, _INT4_OID] if pair else [_INT8_OID])
+    if bounded:
+        select += f" FROM (SELECT set_config('lock_timeout', ${len(types) + 1}, true)) AS _t"
+        types.append(_TEXT_OID)
+    name = f"advisory_lock_{hashlib.sha256(select.encode()).hexdigest()[:16]}"
+    return name.encode(), select.encode(), types
+
+
+#: Seconds between two wake-ups of a wait on the socket (see ``_result``), and the longest
+#: wait for a cancelled statement to end.
+_WAIT_INTERVAL = 0.1
+_CANCEL_TIMEOUT = 5.0
+
+
+class _WaitTimeout(Exception):
+    """A cancelled statement did not end in time."""
+
+
+def _result(pgconn: Any, socket_fd: int, deadline: float | None) -> Any:
+    """The result of the statement sent on ``pgconn`` (psycopg's ``Connection.pgconn``, in
+    non-blocking mode), read as psycopg reads it (flush, then consume input while busy, then
+    results until none), waiting on the socket with ``poll()`` for at most
+    ``_WAIT_INTERVAL`` at a time: between two polls, and when a signal interrupts one, the
+    main thread runs Python's signal handlers. ``_WaitTimeout`` after ``deadline``."""
+    poller = select.poll()
+    poller.register(socket_fd, select.POLLIN | select.POLLOUT)
+    while pgconn.flush():  # what the send could not write yet (a full socket buffer)
+        if poller.poll(_WAIT_INTERVAL * 1000):
+            pgconn.consume_input()
+        elif deadline is not None and monotonic() > deadline:
+            raise _WaitTimeout
+    poller.modify(socket_fd, select.POLLIN)
+    first = None
+    while True:
+        while pgconn.is_busy():
+            if poller.poll(_WAIT_INTERVAL * 1000):
+                pgconn.consume_input()
+            elif deadline is not None and monotonic() > deadline:
+                raise _WaitTimeout
+        result = pgconn.get_result()
+        if result is None:
+            return first
+        if first is None:
+            first = result
+
+
 class PostgreSQLBackend(LockBackend):
     vendor = "postgresql"
     native_transaction_locks = True
@@ -221,6 +289,8 @@ class PostgreSQLBackend(LockBackend):
         self._raw: Any = None
         self._pid: int | None = None  # its server pid, once a session statement told us
         self._prepared: set[bytes] = set()  # statements prepared on its server session
+        # (function, keys) -> (name, parameters) of the prepared, guarded session statements.
+        self._ready: dict[tuple[str, tuple[int, ...]], tuple[bytes, list[bytes]]] = {}
         self._client = 0  # the id of its client connection (its mark on server sessions)
         # The first parameters of its prepared statements, encoded: the pid once known, the
         # client id.
@@ -242,27 +312,34 @@ class PostgreSQLBackend(LockBackend):
                 # ran on (a pooler moves a client only between transactions).
                 function = _function(xact=True, shared=shared)
                 return self._wait(_select(function, _args(keys)), timeout) is not None
-            if timeout != 0 and self.wait_at_once(db_key):
+            if timeout != 0 and self._contended and self.wait_at_once(db_key):
                 # Busy at its last try: wait at once. NULL (the guard kept it from running):
                 # the try below sorts out why.
-                wait_row = self._wait(self._plain(_function(shared=shared), keys), timeout)
+                wait_row = self._session_wait(_LOCK[shared], keys, timeout, "mark")
                 if wait_row is None:
                     return False
                 if self._on_same_server(wait_row)[0] is not None:
                     return True
-            function = _function(try_=True, shared=shared)
-            row = self._on_same_server(self._session_statement(function, keys))
-            # NULL: the guard kept it from running. The session does not carry our mark: a
-            # rollback undid it, DISCARD ALL reset it, or it carries another client's (a
-            # pooler lent it to us).
-            mode = "takeover" if row[0] is None else "mark"
-            if row[0] is None:
-                row = self._take_over(function, keys)
-            self.note_contention(db_key, not row[0])
-            if row[0] or timeout == 0:
-                return bool(row[0])
-            select = self._plain(_function(shared=shared), keys, mode=mode)
-            wait_row = self._wait(select, timeout)
+            function = _TRY[shared]
+            row = self._session_statement(function, keys)
+            if row[1] != self._pid:
+                self._on_same_server(row)
+            granted = row[0]
+            mode = "mark"
+            if granted is None:
+                # NULL: the guard kept it from running. The session does not carry our mark:
+                # a rollback undid it, DISCARD ALL reset it, or it carries another client's
+                # (a pooler lent it to us).
+                mode = "takeover"
+                granted = self._take_over(function, keys)[0]
+            if granted:
+                if self._contended:
+                    self._contended.pop(db_key, None)
+                return True
+            self.note_contention(db_key, True)
+            if timeout == 0:
+                return False
+            wait_row = self._session_wait(_LOCK[shared], keys, timeout, mode)
             if wait_row is None:
                 return False
             if self._on_same_server(wait_row)[0] is None:
@@ -273,9 +350,11 @@ class PostgreSQLBackend(LockBackend):
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         keys = db_key if type(db_key) is tuple else (db_key,)
-        function = _function(unlock=True, shared=shared)
+        function = _UNLOCK[shared]
         released, pid = self._session_statement(function, keys)
         expected = self._pid
+        if released is not None and pid == expected:
+            return bool(released)  # the common case: ran on our server session, for us
         if released is None and pid == expected:
             # The session does not carry our mark (see acquire): again, where it carries none.
             released, pid = self._run(self._plain(function, keys).encode())
@@ -321,14 +400,14 @@ class PostgreSQLBackend(LockBackend):
         return raw is not None and raw.pgconn.transaction_status == _INERROR
 
     def session_lock_problem(self) -> str | None:
-        alias = self.connection.alias
+        alias = self._alias
         if alias in POOLED_ALIASES:
             return (
                 f"Session-scoped locks can't work on {self.describe()}: a transaction-mode "
                 f"pooler was detected in front of it ({_FOUND_BY.get(alias, _PID_CHANGED)}). "
                 f"{pooler_advice(alias)}"
             )
-        return super().session_lock_problem()
+        return LockBackend.session_lock_problem(self)
 
     @classmethod
     def is_outage(cls, error: BaseException) -> bool:
@@ -436,14 +515,42 @@ class PostgreSQLBackend(LockBackend):
         """A session try or unlock. With no transaction open it runs as a statement prepared
         on the server session (parsed and planned once per session); inside a transaction
         it runs plain, since a failed prepared statement would abort the caller's
-        transaction."""
-        raw = self._driver_connection()  # first: what we know of the session must be current
-        pid = self._pid
-        if self._logged() or raw.pgconn.transaction_status != _IDLE:
-            return self._run(self._plain(function, keys).encode())
-        name, statement, types = _prepared(function, len(keys) == 2, pid is not None)
-        values = [*self._leading, *[str(key).encode() for key in keys]]
+        transaction. Its row: (the function's result, None when the guard kept it from
+        running; the server pid)."""
+        raw = self.connection.connection
+        if raw is None or raw is not self._raw:
+            raw = self._driver_connection()  # what we know of the session must be current
         pgconn = raw.pgconn
+        connection = self.connection
+        if pgconn.transaction_status != _IDLE or (
+            (connection.execute_wrappers or connection.queries_logged)
+            and (connection.in_atomic_block or raw.autocommit)
+        ):  # in a transaction, or self._logged(), inlined
+            return self._run(self._plain(function, keys).encode())
+        # Once the pid is known and the statement is prepared, its name and parameters are
+        # kept per key (a bounded memory, forgotten with the session's prepared statements).
+        ready = self._ready.get((function, keys))
+        if ready is None:
+            ready = self._prepare_session(pgconn, function, keys)
+        result = pgconn.exec_prepared(*ready)
+        if result.status == _TUPLES_OK:
+            value = result.get_value(0, 0)
+            # Columns: a boolean (NULL when the guard kept it from running), the pid.
+            return (None if value is None else value == b"t", int(result.get_value(0, 1)))
+        if result.error_field(_SQLSTATE) == b"26000":
+            # DEALLOCATE or DISCARD ran, or a pooler moved us to another server connection:
+            # run it plain, so that the pid tells which.
+            self._prepared.clear()
+            self._ready.clear()
+            return self._run(self._plain(function, keys).encode())
+        self._raise(result)
+
+    def _prepare_session(
+        self, pgconn: Any, function: str, keys: tuple[int, ...]
+    ) -> tuple[bytes, list[bytes]]:
+        """Prepare the session statement for ``function`` on this server session if it is
+        not yet; its name and parameters for ``keys``."""
+        name, statement, types = _prepared(function, len(keys) == 2, self._pid is not None)
         if name not in self._prepared:
             result = pgconn.prepare(name, statement, types)
             # 42P05: prepared on this server session by an earlier client (a pooled server
@@ -451,15 +558,95 @@ class PostgreSQLBackend(LockBackend):
             if result.status != _COMMAND_OK and result.error_field(_SQLSTATE) != b"42P05":
                 self._raise(result)
             self._prepared.add(name)
-        result = pgconn.exec_prepared(name, values)
-        if result.status == _TUPLES_OK:
-            return _row(result)
+        ready = (name, [*self._leading, *[str(key).encode() for key in keys]])
+        if self._pid is not None:  # the parameters of the guarded statement: kept
+            if len(self._ready) >= 256:
+                self._ready.clear()
+            self._ready[function, keys] = ready
+        return ready
+
+    def _session_wait(
+        self, function: str, keys: tuple[int, ...], timeout: float | None, mode: str
+    ) -> tuple[Any, ...] | None:
+        """A session wait (see ``_wait``). In autocommit, once the server pid is known and
+        with no transaction open, it runs as a statement prepared on the server session,
+        sent without blocking (libpq's ``PQsendQueryPrepared``); the wait for its result
+        is a poll of the connection's socket that wakes up every ``_WAIT_INTERVAL``, so
+        that Python's signal handlers run during it (``_await_result``)."""
+        raw = self.connection.connection
+        if raw is None or raw is not self._raw:
+            raw = self._driver_connection()
+        pgconn = raw.pgconn
+        if (
+            mode != "mark"
+            or self._pid is None
+            or pgconn.transaction_status != _IDLE
+            or not raw.autocommit
+            or self._logged()
+        ):
+            return self._wait(self._plain(function, keys, mode=mode), timeout)
+        pair = len(keys) == 2
+        name, statement, types = _prepared_wait(function, pair, timeout is not None)
+        if name not in self._prepared:
+            result = pgconn.prepare(name, statement, types)
+            if result.status != _COMMAND_OK and result.error_field(_SQLSTATE) != b"42P05":
+                self._raise(result)
+            self._prepared.add(name)
+        values = [*self._leading, *[str(key).encode() for key in keys]]
+        if timeout is not None:
+            # lock_timeout is in milliseconds, and 0 would mean "no limit".
+            values.append(str(max(1, math.ceil(timeout * 1000))).encode())
+        result = self._await_result(raw, pgconn, name, values)
+        status = result.status
+        if status == _TUPLES_OK:
+            # Columns: void ('' once it ran, NULL when the guard kept it from running), pid.
+            value = result.get_value(0, 0)
+            return (None if value is None else "", int(result.get_value(0, 1)))
         if result.error_field(_SQLSTATE) == b"26000":
-            # DEALLOCATE or DISCARD ran, or a pooler moved us to another server connection:
-            # run it plain, so that the pid tells which.
             self._prepared.clear()
-            return self._run(self._plain(function, keys).encode())
-        self._raise(result)
+            self._ready.clear()
+            return self._wait(self._plain(function, keys, mode=mode), timeout)
+        try:
+            self._raise(result)
+        except errors.LockNotAvailable:
+            return None  # our lock_timeout ran out, or one set on the server
+
+    def _await_result(self, raw: Any, pgconn: Any, name: bytes, values: list[bytes]) -> Any:
+        """Send a prepared statement and wait for its result without blocking in libpq: a
+        poll of the socket with a timeout, so that the signal handlers of the main thread
+        run while it waits (Ctrl-C, SIGTERM, the watchdog's SIGINT), even for a signal
+        delivered to another thread. Whatever a handler raises is raised from here once
+        the statement is cancelled (psycopg's ``cancel_safe()``) and its result consumed,
+        so that the connection is left idle, as psycopg's own wait leaves it; a connection
+        whose statement would not end is closed."""
+        try:
+            pgconn.send_query_prepared(name, values)
+        except errors.Error as error:
+            self._failed(error)
+        socket_fd = pgconn.socket
+        try:
+            return _result(pgconn, socket_fd, None)
+        except errors.Error as error:  # the connection failed
+            self._failed(error)
+        except BaseException:
+            if pgconn.transaction_status == _ACTIVE:
+                self._cancel(raw, pgconn, socket_fd)
+            raise
+
+    def _cancel(self, raw: Any, pgconn: Any, socket_fd: int) -> None:
+        """Cancel the statement that an exception interrupted, and consume its result."""
+        try:
+            raw.cancel_safe(timeout=_CANCEL_TIMEOUT)
+            _result(pgconn, socket_fd, monotonic() + _CANCEL_TIMEOUT)
+        except _WaitTimeout:
+            logger.warning("A lock wait was not ended by its cancel: closing its connection.")
+            raw.close()
+        except BaseException as error:
+            # Interrupted again, or the cancel failed: the connection's state is unknown.
+            logger.warning("Cancelling a lock wait failed (%r): closing its connection.", error)
+            raw.close()
+            if not isinstance(error, Exception):
+                raise
 
     def _wait(self, select: str, timeout: float | None) -> tuple[Any, ...] | None:
         """Run a lock statement that may wait, through a psycopg cursor (whose wait Python's
@@ -580,6 +767,7 @@ class PostgreSQLBackend(LockBackend):
             raw = connection.connection
         if raw is not self._raw:
             self._raw, self._pid, self._prepared = raw, None, set()
+            self._ready = {}
             self._client = _client_id(raw)
             self._leading = [str(self._client).encode()]
             result = raw.pgconn.exec_(b"SELECT pg_is_in_recovery()")

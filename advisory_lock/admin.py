@@ -38,26 +38,26 @@ from django.utils.html import format_html
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
-from advisory_lock.control import JobControl
-from advisory_lock.control import NoSchedulerAlive
-from advisory_lock.control import request_run
-from advisory_lock.control import set_paused
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
 from advisory_lock.ledger import table_checked
-from advisory_lock.liveness import live_schedulers
-from advisory_lock.liveness import no_scheduler_alive
 from advisory_lock.models import JobRun
-from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
-from advisory_lock.scheduler import Scheduler
-from advisory_lock.timeline import MISSED
-from advisory_lock.timeline import PAUSED
-from advisory_lock.timeline import parse_since
-from advisory_lock.timeline import timeline
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.control import NoSchedulerAlive
+from advisory_lock.scheduling.control import request_run
+from advisory_lock.scheduling.control import set_paused
+from advisory_lock.scheduling.liveness import live_schedulers
+from advisory_lock.scheduling.liveness import no_scheduler_alive
+from advisory_lock.scheduling.overdue import overdue_jobs
+from advisory_lock.scheduling.scheduler import Scheduler
+from advisory_lock.scheduling.timeline import MISSED
+from advisory_lock.scheduling.timeline import PAUSED
+from advisory_lock.scheduling.timeline import parse_since
+from advisory_lock.scheduling.timeline import timeline
 from advisory_lock.validation import check_text
 
 logger = logging.getLogger("advisory_lock")

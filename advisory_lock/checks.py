@@ -24,11 +24,11 @@ from advisory_lock.conf import get_setting
 from advisory_lock.expectations import job_problems
 from advisory_lock.keys import make_key
 from advisory_lock.metrics import metrics_problem
-from advisory_lock.notifications import listening_problem
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import SCHEDULE_HINT
 from advisory_lock.schedule import schedule_problems
+from advisory_lock.scheduling.notifications import listening_problem
 from advisory_lock.validation import MAX_SECONDS
 
 POOL_MODES = ("transaction", "session")

@@ -1,4 +1,5 @@
-"""Declared jobs: what the overdue report (``advisory_lock.overdue``) expects of the ledger.
+"""Declared jobs: what the overdue report (``advisory_lock.scheduling.overdue``) expects of
+the ledger.
 
 A job is declared with the period it runs in and a grace in seconds, in settings::
 

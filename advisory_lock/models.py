@@ -2,15 +2,15 @@
 
 Each is defined in the module of its concept, with the operations on its rows: ``JobRun``
 (the ``job_runs`` ledger) in ``advisory_lock.ledger``, ``JobControl`` (operators' pause,
-resume and run-now requests, ``job_controls``) in ``advisory_lock.control``, and
-``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.liveness``, ``PendingTask``
-(``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``.
+resume and run-now requests, ``job_controls``) in ``advisory_lock.scheduling.control``,
+``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.scheduling.liveness``, and
+``PendingTask`` (``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``.
 """
 
-from advisory_lock.control import JobControl
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import JobRunQuerySet
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from advisory_lock.tasks import PendingTask
 
 __all__ = ["JobControl", "JobRun", "JobRunQuerySet", "PendingTask", "SchedulerHeartbeat"]

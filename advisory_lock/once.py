@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
 
-from advisory_lock.models import JobRun
+from advisory_lock.ledger import JobRun
 from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period

@@ -28,7 +28,7 @@ process was forked (``/proc``: 10 ms resolution). Per request:
 
 Variants (the same schedulers, listening on the ledger's database in both):
 
-- ``listen``: ``advisory_lock.control.request_run`` (what ``run_jobs --run-now`` and the
+- ``listen``: ``advisory_lock.scheduling.control.request_run`` (what ``run_jobs --run-now`` and the
   admin call): its row and its NOTIFY, in one transaction; the notification makes the
   schedulers look for requests at once;
 - ``polling``: the same row, written as ``request_run`` writes it but without the NOTIFY
@@ -129,10 +129,10 @@ from django.db import connections  # noqa: E402
 
 from advisory_lock import JobRun  # noqa: E402
 from advisory_lock.backends import inspector_for  # noqa: E402
-from advisory_lock.control import JobControl  # noqa: E402
-from advisory_lock.control import manual_slot  # noqa: E402
-from advisory_lock.control import request_run  # noqa: E402
-from advisory_lock.liveness import SchedulerHeartbeat  # noqa: E402
+from advisory_lock.scheduling.control import JobControl  # noqa: E402
+from advisory_lock.scheduling.control import manual_slot  # noqa: E402
+from advisory_lock.scheduling.control import request_run  # noqa: E402
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat  # noqa: E402
 
 ALIAS = "pg"
 RUN_JOBS = [sys.executable, str(ROOT / "manage.py"), "run_jobs"]

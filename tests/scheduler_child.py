@@ -42,7 +42,7 @@ def main() -> None:
     django.setup()
 
     from advisory_lock.schedule import _entry
-    from advisory_lock.scheduler import Scheduler
+    from advisory_lock.scheduling.scheduler import Scheduler
 
     said: list[str] = []
     scheduler = Scheduler({}, using=args.using, say=said.append)

@@ -18,7 +18,7 @@ from django.db import connections
 from django.test import override_settings
 
 from advisory_lock.backends import inspector_for
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 
 ROOT = Path(__file__).resolve().parent.parent
 UTC = datetime.timezone.utc

@@ -19,10 +19,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from advisory_lock.control import JobControl
-from advisory_lock.control import is_paused
-from advisory_lock.liveness import SchedulerHeartbeat
 from advisory_lock.models import JobRun
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.control import is_paused
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.schedulers import JOBS
 from tests.schedulers import Schedulers
 from tests.schedulers import long_interval

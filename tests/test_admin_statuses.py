@@ -24,11 +24,11 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from advisory_lock.backends import inspector_for
-from advisory_lock.control import JobControl
 from advisory_lock.models import JobRun
 from advisory_lock.schedule import entries as schedule_entries
-from advisory_lock.timeline import MISSED
-from advisory_lock.timeline import PAUSED
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.timeline import MISSED
+from advisory_lock.scheduling.timeline import PAUSED
 from tests.schedulers import JOBS
 from tests.schedulers import settings_with
 

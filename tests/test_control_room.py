@@ -32,10 +32,10 @@ from django.db.models import F
 from django.test import override_settings
 
 from advisory_lock import JobRun
-from advisory_lock.control import JobControl
-from advisory_lock.control import manual_slot
-from advisory_lock.liveness import LIVE_WITHIN
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.control import manual_slot
+from advisory_lock.scheduling.liveness import LIVE_WITHIN
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.schedule_jobs import runs
 from tests.schedulers import JOBS
 from tests.schedulers import Schedulers

@@ -1,5 +1,6 @@
-"""No import cycle among the modules of ``advisory_lock/``: a cycle means two modules are one
-concept cut in the wrong place, or a lower module reaching up for a type or a callback.
+"""No import cycle among the modules of ``advisory_lock/``, and every import points down the
+layers (``LAYERS``): a cycle means two modules are one concept cut in the wrong place, and an
+import that runs back up a lower module reaching up for a type or a callback.
 
 Every module of the package (migrations excepted) is parsed with ``ast`` (nothing is
 imported), and every import of one of its modules is an edge: at module level, inside a
@@ -20,6 +21,50 @@ import advisory_lock
 
 #: {module: {module it imports: the lines of those imports}}
 Graph = dict[str, dict[str, list[int]]]
+
+#: The package's layers, bottom to top (docs/development.md, "The package's layout"): a
+#: module imports only modules of its own layer or of those below. Each layer lists its
+#: modules, a package standing for all of its submodules; every module is in exactly one.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "locks",
+        (
+            "keys",
+            "conf",
+            "exceptions",
+            "tables",
+            "validation",
+            "signals",
+            "metrics",
+            "datetimes",
+            "backends",
+            "holds",
+            "server_waits",
+            "dedicated",
+            "async_locks",
+            "locks",
+        ),
+    ),
+    ("declarations", ("periods", "queues", "schedule", "expectations")),
+    ("ledger", ("ledger",)),
+    ("guarded runs", ("single_instance", "once", "tasks")),
+    ("scheduling", ("scheduling",)),
+    (
+        "Django's face",
+        (
+            "",  # the package itself: __init__ re-exports the public names
+            "models",
+            "admin",
+            "checks",
+            "management",
+            "inspection",
+            "middleware",
+            "testing",
+            "pytest_plugin",
+            "apps",
+        ),
+    ),
+]
 
 
 def package_modules(root: Path) -> dict[str, Path]:
@@ -124,6 +169,68 @@ def import_cycles(root: Path) -> list[str]:
         ]
         reports.append("cycle: " + " <-> ".join(component) + "\n" + "\n".join(edges))
     return sorted(reports)
+
+
+def layer_of(module: str, package: str, layers: list[tuple[str, tuple[str, ...]]]) -> int:
+    """The index in ``layers`` of the layer ``module`` (a dotted name in ``package``) is in;
+    ValueError if it is in none."""
+    relative = module.removeprefix(package).removeprefix(".")
+    for index, (_, members) in enumerate(layers):
+        for member in members:
+            if relative == member or (member and relative.startswith(member + ".")):
+                return index
+    raise ValueError(f"{module} is in no layer: add it to LAYERS (tests/test_import_graph.py)")
+
+
+def imports_running_up(
+    graph: Graph, package: str, layers: list[tuple[str, tuple[str, ...]]]
+) -> list[str]:
+    """Each import of ``graph`` from a module to one of a higher layer, as
+    ``module:line (layer) -> imported (layer)``."""
+    found = []
+    for module, imported_lines in sorted(graph.items()):
+        below = layer_of(module, package, layers)
+        for imported, lines in sorted(imported_lines.items()):
+            above = layer_of(imported, package, layers)
+            if above > below:
+                found += [
+                    f"{module}:{line} ({layers[below][0]}) -> {imported} ({layers[above][0]})"
+                    for line in lines
+                ]
+    return found
+
+
+def test_every_module_of_the_app_is_in_one_layer():
+    root = Path(advisory_lock.__file__).resolve().parent
+    for module in import_graph(root):
+        relative = module.removeprefix("advisory_lock").removeprefix(".")
+        homes = [
+            name
+            for name, members in LAYERS
+            for member in members
+            if relative == member or (member and relative.startswith(member + "."))
+        ]
+        assert len(homes) == 1, f"{module} is in the layers {homes}, not in exactly one"
+
+
+def test_every_import_of_the_app_points_down_the_layers():
+    root = Path(advisory_lock.__file__).resolve().parent
+    upward = imports_running_up(import_graph(root), "advisory_lock", LAYERS)
+    assert not upward, f"{len(upward)} import(s) run back up the layers:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_an_import_running_up(tmp_path: Path):
+    package = tmp_path / "pkg"
+    (package / "top").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("def f():\n    from pkg.top import views\n")
+    (package / "top" / "__init__.py").write_text("")
+    (package / "top" / "views.py").write_text("from pkg import base\n")
+    layers = [("ground", ("base",)), ("top", ("", "top"))]
+
+    assert imports_running_up(import_graph(package), "pkg", layers) == [
+        "pkg.base:2 (ground) -> pkg.top.views (top)"
+    ]
 
 
 def test_no_module_of_the_app_is_in_an_import_cycle():

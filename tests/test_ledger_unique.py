@@ -24,7 +24,7 @@ from advisory_lock import LockLost
 from advisory_lock import SlotAlreadySucceeded
 from advisory_lock import run_once
 from advisory_lock.schedule import Entry
-from advisory_lock.scheduler import Scheduler
+from advisory_lock.scheduling.scheduler import Scheduler
 from tests.databases import new_database
 from tests.probes import is_free
 

@@ -41,8 +41,8 @@ from django.db.models import QuerySet
 from advisory_lock import JobRun
 from advisory_lock.backends import backend_class
 from advisory_lock.backends.postgresql import holder_process
-from advisory_lock.control import JobControl
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import start_pgbouncer
 from tests.schedulers import JOBS

@@ -19,7 +19,7 @@ from django.core.management import call_command
 
 from advisory_lock import JobRun
 from advisory_lock.schedule import _entry
-from advisory_lock.scheduler import Scheduler
+from advisory_lock.scheduling.scheduler import Scheduler
 from tests.test_overdue import PARIS
 from tests.test_overdue import at
 from tests.test_overdue import database_clock

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from advisory_lock import JobRun
-from advisory_lock.scheduler import UNRECORDED
+from advisory_lock.scheduling.scheduler import UNRECORDED
 from tests.processes import Workers
 from tests.schedulers import HANG
 from tests.schedulers import JOBS

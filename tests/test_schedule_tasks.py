@@ -38,9 +38,9 @@ from django.core.management import call_command
 from django.db import connections
 
 from advisory_lock import JobRun
-from advisory_lock.control import JobControl
-from advisory_lock.control import set_paused
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.control import set_paused
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.schedulers import Schedulers
 from tests.schedulers import alive
 from tests.schedulers import long_interval

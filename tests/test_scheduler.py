@@ -30,7 +30,7 @@ from django.urls import reverse
 
 from advisory_lock import JobRun
 from advisory_lock.keys import make_key
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.probes import is_free
 from tests.schedule_jobs import runs
 from tests.schedulers import HANG

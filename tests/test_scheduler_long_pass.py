@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 
-from advisory_lock.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.schedulers import JOBS
 from tests.schedulers import long_interval
 from tests.schedulers import wait_for

@@ -28,10 +28,10 @@ BUSY = 3  # busy_exit_code of the test commands
 ADD_THE_APP = 'add "advisory_lock" to INSTALLED_APPS'
 #: Modules whose import defines a model, which needs the app: never imported on the lock path.
 MODEL_MODULES = {
-    "advisory_lock.control",
     "advisory_lock.ledger",
-    "advisory_lock.liveness",
     "advisory_lock.models",
+    "advisory_lock.scheduling.control",
+    "advisory_lock.scheduling.liveness",
     "advisory_lock.tasks",
 }
 

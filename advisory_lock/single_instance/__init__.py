@@ -154,9 +154,9 @@ def single_instance(
     and ``on_busy`` says what a call that finds the lock busy does: ``"skip"`` (the default:
     return None) or ``"raise"`` (``LockNotAcquired``). ``grace`` (seconds) declares the job
     for the overdue report: a slot without a successful run is overdue that long after its
-    end (``advisory_lock.overdue``). ``atomic=True`` (with a ``ledger``, sync code only):
-    the body runs in ``transaction.atomic`` on the ledger's database, and the run's success
-    commits with its writes there, or neither does (docs/jobs.md).
+    end (``advisory_lock.scheduling.overdue``). ``atomic=True`` (with a ``ledger``, sync code
+    only): the body runs in ``transaction.atomic`` on the ledger's database, and the run's
+    success commits with its writes there, or neither does (docs/jobs.md).
     """
     settings = _checked_settings(
         key, wait, busy_exit_code, using, heartbeat, on_lost, ledger, on_busy, grace, atomic

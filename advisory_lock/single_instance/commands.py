@@ -54,7 +54,7 @@ class SingleInstanceMixin:
     #: database, and commit the run's success with its writes there, or neither.
     lock_ledger_atomic: bool = False
     #: Seconds after a slot's end when a slot without a successful run is overdue (see
-    #: ``advisory_lock.overdue``); None: the command is not watched.
+    #: ``advisory_lock.scheduling.overdue``); None: the command is not watched.
     lock_grace: float | None = None
 
     #: The lock of the running command (None before and after the run).
@@ -174,7 +174,7 @@ def declared_lock_names() -> list[str]:
 @declaration_source
 def declared_command_jobs() -> list[Expectation]:
     """The jobs that single-instance commands declare: a named ledger period and a grace
-    (registered with ``advisory_lock.overdue``, whose report calls it)."""
+    (registered with ``advisory_lock.scheduling.overdue``, whose report calls it)."""
     jobs = []
     for command_class in single_instance_commands():
         period, grace = _setting(command_class, "lock_ledger"), command_class.lock_grace

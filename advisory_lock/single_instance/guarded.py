@@ -51,7 +51,7 @@ from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_seconds
 
 if TYPE_CHECKING:
-    from advisory_lock.models import JobRun
+    from advisory_lock.ledger import JobRun
 
 logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
@@ -421,8 +421,8 @@ class GuardedRun:
         """Did a run of the job (of any slot) start before this one ended? Its lock, lost,
         let another instance in: the fence covers a slot, the lock the whole job. Asked on
         the ledger's own connection, as its writes (none is left open in a worker thread)."""
+        from advisory_lock.ledger import JobRun
         from advisory_lock.ledger import write
-        from advisory_lock.models import JobRun
 
         run = self.run
         assert run is not None and run.finished_at is not None

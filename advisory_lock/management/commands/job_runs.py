@@ -17,15 +17,15 @@ from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.ledger import table_checked
 from advisory_lock.models import JobRun
-from advisory_lock.overdue import overdue_jobs
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
-from advisory_lock.pruning import prune
 from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduling.overdue import overdue_jobs
+from advisory_lock.scheduling.pruning import prune
+from advisory_lock.scheduling.timeline import MAX_SLOTS
+from advisory_lock.scheduling.timeline import parse_since
+from advisory_lock.scheduling.timeline import timeline
 from advisory_lock.tables import format_table
-from advisory_lock.timeline import MAX_SLOTS
-from advisory_lock.timeline import parse_since
-from advisory_lock.timeline import timeline
 from advisory_lock.validation import database_option
 from advisory_lock.validation import text_option
 from advisory_lock.validation import whole_number_argument

@@ -12,7 +12,7 @@ server's, as in the ledger.
   in the ledger's time zone: two clicks in one second ask for one run). The request is
   pending while the ledger has no attempt at that slot; every live scheduler sees it at its
   next poll and starts a job process for it, whose claim lets one of them in (as for any
-  slot). A request is refused when no scheduler is alive (``advisory_lock.liveness``):
+  slot). A request is refused when no scheduler is alive (``advisory_lock.scheduling.liveness``):
   nobody would run it, and a scheduler started days later should not.
 """
 
@@ -36,11 +36,11 @@ from advisory_lock.datetimes import from_field
 from advisory_lock.datetimes import to_field
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.ledger import JobRun
-from advisory_lock.liveness import live_schedulers
-from advisory_lock.liveness import no_scheduler_alive
-from advisory_lock.notifications import CONTROL
-from advisory_lock.notifications import notify
 from advisory_lock.periods import ledger_time_zone
+from advisory_lock.scheduling.liveness import live_schedulers
+from advisory_lock.scheduling.liveness import no_scheduler_alive
+from advisory_lock.scheduling.notifications import CONTROL
+from advisory_lock.scheduling.notifications import notify
 
 #: A run-now slot's name starts with this.
 MANUAL = "manual:"

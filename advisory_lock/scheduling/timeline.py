@@ -3,8 +3,8 @@
 Derived from the schedule and the ledger's rows; nothing is written for a slot that never ran.
 A slot's outcome is its latest attempt's status (``succeeded``, ``failed``, ``running``,
 ``abandoned``); a slot with no attempt is ``paused`` if it fell due while the entry was paused
-(``advisory_lock.control``), else ``missed``. Run-now slots (``manual:...``) of the span are
-listed too, at the time they were requested.
+(``advisory_lock.scheduling.control``), else ``missed``. Run-now slots (``manual:...``) of the
+span are listed too, at the time they were requested.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from django.utils.dateparse import parse_date
 from django.utils.dateparse import parse_datetime
 
 from advisory_lock.backends import inspector_for
-from advisory_lock.control import MANUAL
-from advisory_lock.control import pauses
 from advisory_lock.datetimes import from_field
 from advisory_lock.datetimes import to_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import Entry
+from advisory_lock.scheduling.control import MANUAL
+from advisory_lock.scheduling.control import pauses
 
 #: At most this many slots (the latest ones).
 MAX_SLOTS = 1000

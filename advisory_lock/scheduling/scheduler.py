@@ -15,9 +15,9 @@ less than one interval ago (cron: 60 s). A new entry's first run is its most rec
 A failed or abandoned slot is run again, ``retries`` more times, while it is still the most
 recent due slot.
 
-Operators' requests (``advisory_lock.control``): a paused entry starts no slot, and a slot
-that fell due while it was paused never runs (it is ``paused``, not missed). Every
-``POLL_INTERVAL`` (1 s) a scheduler records its heartbeat (``advisory_lock.liveness``) and
+Operators' requests (``advisory_lock.scheduling.control``): a paused entry starts no slot,
+and a slot that fell due while it was paused never runs (it is ``paused``, not missed). Every
+``POLL_INTERVAL`` (1 s) a scheduler records its heartbeat (``scheduling.liveness``) and
 starts the pending run-now requests of its entries, each as a slot of its own
 (``manual:<time>``) whose job process waits for the entry's lock: a run of the entry going on
 elsewhere finishes first, and the ledger's claim lets one scheduler's process run it.
@@ -54,10 +54,6 @@ from django.utils.module_loading import import_string
 
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
-from advisory_lock.control import REQUEST_EXPIRES
-from advisory_lock.control import is_paused
-from advisory_lock.control import pauses
-from advisory_lock.control import pending_requests
 from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import claimed_by_process
@@ -66,15 +62,19 @@ from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
 from advisory_lock.ledger import is_orphaned
 from advisory_lock.ledger import mark_abandoned
-from advisory_lock.liveness import POLL_INTERVAL
-from advisory_lock.liveness import Heartbeat
-from advisory_lock.notifications import CONTROL
-from advisory_lock.notifications import LISTENING
-from advisory_lock.notifications import Listening
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
+from advisory_lock.scheduling.control import REQUEST_EXPIRES
+from advisory_lock.scheduling.control import is_paused
+from advisory_lock.scheduling.control import pauses
+from advisory_lock.scheduling.control import pending_requests
+from advisory_lock.scheduling.liveness import POLL_INTERVAL
+from advisory_lock.scheduling.liveness import Heartbeat
+from advisory_lock.scheduling.notifications import CONTROL
+from advisory_lock.scheduling.notifications import LISTENING
+from advisory_lock.scheduling.notifications import Listening
 
 logger = logging.getLogger("advisory_lock")
 Status = JobRun.Status

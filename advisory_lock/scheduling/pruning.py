@@ -48,11 +48,11 @@ from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import to_field
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
-from advisory_lock.overdue import last_success
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
 from advisory_lock.schedule import usable_entries
+from advisory_lock.scheduling.overdue import last_success
 from advisory_lock.tasks import PendingTask
 
 #: Why an old finished run was kept, in the order they are counted.

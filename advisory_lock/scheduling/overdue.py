@@ -7,8 +7,8 @@ run. A ``once`` job's slot never ends: it is never overdue. A scheduled entry wi
 
 The report reads, of each declared job, the successes of the slot it checks (and, as time
 goes on, of the later ones: ``Expectation.checked_since``) and the job's latest success
-(``last_success``). Pruning the ledger (``advisory_lock.pruning``) keeps those rows, so that
-a pruned ledger raises no false alarm and still knows each job's last success.
+(``last_success``). Pruning the ledger (``advisory_lock.scheduling.pruning``) keeps those
+rows, so that a pruned ledger raises no false alarm and still knows each job's last success.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from django.db.models import F
 from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
-from advisory_lock.control import fell_due_while_paused
 from advisory_lock.datetimes import from_field
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
-from advisory_lock.liveness import live_schedulers
-from advisory_lock.liveness import no_scheduler_alive
+from advisory_lock.scheduling.control import fell_due_while_paused
+from advisory_lock.scheduling.liveness import live_schedulers
+from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.validation import check_alias
 
 

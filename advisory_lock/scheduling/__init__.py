@@ -1,0 +1,15 @@
+"""The scheduler and what it stands on: ``manage.py run_jobs`` and the control room.
+
+The package's third part, above the locks and the ledger (it imports them, they import
+nothing here):
+
+- ``scheduler``: the loop behind ``run_jobs``: due slots, job processes, the sweep;
+- ``control``: operators' pause, resume and run-now requests (``JobControl``);
+- ``liveness``: the schedulers' heartbeats (``SchedulerHeartbeat``);
+- ``notifications``: PostgreSQL's LISTEN/NOTIFY that wakes a scheduler for a request;
+- ``timeline``, ``overdue``: what the schedule and the declared jobs expect of the ledger;
+- ``pruning``: ``job_runs --prune``, which keeps what those reports still read.
+
+The entries themselves (``advisory_lock.schedule``) are plain declarations below the ledger,
+since the declared jobs and the single-instance decorators read them too.
+"""

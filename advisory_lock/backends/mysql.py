@@ -66,6 +66,9 @@ class MySQLBackend(LockBackend):
         super().__init__(connection)
         self._raw: Any = None  # the driver connection the field below belongs to
         self._mariadb = False
+        # (name, timeout; None for RELEASE_LOCK) -> the statement and its bytes, for names
+        # that need no escaping (a bounded memory: the same few names are locked again).
+        self._statements: dict[tuple[str, int | None], tuple[str, bytes | None]] = {}
 
     @classmethod
     def is_outage(cls, error: BaseException) -> bool:
@@ -80,9 +83,10 @@ class MySQLBackend(LockBackend):
     ) -> bool:
         # A try first, which never waits in the server: most locks are free (a key busy at
         # its last try waits at once, see LockBackend.wait_at_once).
-        if timeout == 0 or not self.wait_at_once(db_key):
+        if timeout == 0 or not (self._contended and self.wait_at_once(db_key)):
             acquired = self._get_lock(db_key, 0)
-            self.note_contention(db_key, not acquired)
+            if not acquired or self._contended:
+                self.note_contention(db_key, not acquired)
             if acquired or timeout == 0:
                 return acquired
         if timeout is None:
@@ -101,7 +105,8 @@ class MySQLBackend(LockBackend):
         return False
 
     def _get_lock(self, name: str, timeout: float) -> bool:
-        (result,) = self._run(f"SELECT GET_LOCK({self._quoted(name)}, {timeout!r})")
+        statement = self._statements.get((name, timeout)) if type(timeout) is int else None
+        (result,) = self._run(*(statement or self._statement("GET_LOCK", name, timeout)))
         if result is None:
             # NULL is an error, not "busy": the waiting connection was killed, or the server
             # ran out of memory.
@@ -114,12 +119,30 @@ class MySQLBackend(LockBackend):
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         # 1: released; 0: held by another connection; NULL: nobody holds it.
-        (result,) = self._run(f"SELECT RELEASE_LOCK({self._quoted(db_key)})")
+        statement = self._statements.get((db_key, None))
+        (result,) = self._run(*(statement or self._statement("RELEASE_LOCK", db_key, None)))
         return bool(result == 1)
 
     def is_held(self, db_key: Any) -> bool:
         (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = CONNECTION_ID()")
         return bool(held == 1)
+
+    def _statement(
+        self, function: str, name: str, timeout: float | None
+    ) -> tuple[str, bytes | None]:
+        """``SELECT function(name[, timeout])``, and its bytes when it is kept: for a name
+        that needs no escaping and an int timeout or none (``GET_LOCK``'s) or none
+        (``RELEASE_LOCK``'s), the statement is the same on any connection. It is ASCII then,
+        whose bytes are the same in every character set a MySQL client can use (the server
+        refuses ucs2, utf16 and utf32 for the client)."""
+        arguments = self._quoted(name) if timeout is None else f"{self._quoted(name)}, {timeout!r}"
+        statement = f"SELECT {function}({arguments})"
+        if (timeout is None or type(timeout) is int) and _UNESCAPED.issuperset(name):
+            if len(self._statements) >= 256:
+                self._statements.clear()
+            kept = self._statements[name, timeout] = (statement, statement.encode("ascii"))
+            return kept
+        return statement, None
 
     def _quoted(self, name: str) -> str:
         """``name`` as a string literal. Names made by ``db_key()`` hold only characters no
@@ -130,19 +153,22 @@ class MySQLBackend(LockBackend):
         literal: bytes = raw.literal(name)
         return literal.decode(raw.encoding)
 
-    def _run(self, sql: str) -> tuple[Any, ...]:
+    def _run(self, sql: str, encoded: bytes | None = None) -> tuple[Any, ...]:
         """Run one statement and return its row: through Django's cursor when Django logs
         queries or wraps executions (so that they see it), else through the driver's
-        documented low-level calls, ``query()`` and ``store_result()`` (no cursor)."""
+        documented low-level calls, ``query()`` and ``store_result()`` (no cursor), with
+        ``encoded`` as its bytes if given."""
         connection = self.connection
-        if connection.queries_logged or connection.execute_wrappers:
+        if connection.execute_wrappers or connection.queries_logged:
             self._driver_connection()  # first: a new connection is checked (a replica)
             with connection.cursor() as cursor:
                 cursor.execute(sql)
                 return tuple(cursor.fetchone())
-        raw = self._driver_connection()
+        raw = connection.connection
+        if raw is None or raw is not self._raw:
+            raw = self._driver_connection()
         try:
-            raw.query(sql.encode(raw.encoding))
+            raw.query(encoded or sql.encode(raw.encoding))
             rows: tuple[tuple[Any, ...], ...] = raw.store_result().fetch_row()
         except Exception:
             with connection.wrap_database_errors:

@@ -143,7 +143,14 @@ class SessionHold(LockHandle):
         locks: ConnectionLocks,
         task: object = None,
     ) -> None:
-        super().__init__(lock, connection, "session", db_key, wait_time, acquired_at)
+        # LockHandle.__init__'s fields, set here: a hold is made on the hot path.
+        self._lock = lock
+        self.connection = connection
+        self.scope = "session"
+        self.db_key = db_key
+        self.wait_time = wait_time
+        self.acquired_at = acquired_at
+        self._outer = None
         self._locks = locks
         self._session = locks.backend.session()  # the lock lives as long as it
         self._ended = False
@@ -156,7 +163,11 @@ class SessionHold(LockHandle):
         self._ended = True
         locks = self._locks
         backend = locks.backend
-        locks.forget(self)
+        holds = locks.session_holds
+        if holds and holds[-1] is self:  # nearly always the last one that began
+            holds.pop()
+        else:
+            locks.forget(self)
         if backend.session() is not self._session:
             # The database dropped the lock when the session closed: the block did not run
             # under it to the end.
@@ -169,7 +180,7 @@ class SessionHold(LockHandle):
             locks.release_at_transaction_end(self)
             return None
         try:
-            released = backend.release(self.db_key, shared=self.shared)
+            released = backend.release(self.db_key, shared=self._lock.shared)
         except LockLost as error:
             return self._lost(exc, str(error))
         except DatabaseError as error:
@@ -187,7 +198,8 @@ class SessionHold(LockHandle):
                 "was not held by this connection when released: it was lost during the block "
                 "(connection reset, pg_advisory_unlock_all(), or a transaction-mode pooler).",
             )
-        locks.released(self)
+        if signals.lock_released.receivers or metrics.recorder is not None:
+            locks.released(self)
         return None
 
     def _lost(

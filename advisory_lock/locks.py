@@ -86,10 +86,12 @@ class AdvisoryLock:
         self.lock_key = make_key(key)
         #: The key as given (a LockKey, as read back from a ledger row, reads as its value).
         self.key: Key = key.value if isinstance(key, LockKey) else key
-        self.using = check_alias(using)
-        self.wait = check_flag("wait", wait)
-        self.shared = check_flag("shared", shared)
-        if scope not in SCOPES:
+        # The checks are called only for what is not plainly valid: a lock is built on a
+        # hot path.
+        self.using = using if type(using) is str and using else check_alias(using)
+        self.wait = wait if wait is True or wait is False else check_flag("wait", wait)
+        self.shared = shared if shared is False or shared is True else check_flag("shared", shared)
+        if scope != "auto" and scope not in SCOPES:
             raise ValueError(
                 f"scope must be one of {', '.join(map(repr, SCOPES))}; got {scope!r}."
             )
@@ -108,7 +110,13 @@ class AdvisoryLock:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
 
     def __enter__(self) -> LockHandle:
-        handle = self.acquire()
+        # acquire(), inlined: this is the hot path.
+        connection = connections[self.using]
+        handle = self._take(connection, connection_locks(connection), self._timeout)
+        if metrics.recorder is not None:
+            self._record(handle, handle.wait_time)
+        if not handle.acquired:
+            self._busy(handle)
         handle._outer = _innermost.get()
         _innermost.set(handle)
         return handle
@@ -119,7 +127,7 @@ class AdvisoryLock:
             _innermost.set(handle._outer)
         else:  # blocks exited out of order (by hand): unlink this lock's innermost handle
             handle = _unlink_innermost(self)
-        self.release(handle, exc_value)
+        handle.end_of_block(exc_value)  # release(), inlined
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: take the lock around each call (each await, for an ``async

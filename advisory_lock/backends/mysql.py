@@ -17,6 +17,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import NoReturn
 
 from advisory_lock.backends.base import CONNECTION_ID
 from advisory_lock.backends.base import Holder
@@ -84,7 +85,11 @@ class MySQLBackend(LockBackend):
         # A try first, which never waits in the server: most locks are free (a key busy at
         # its last try waits at once, see LockBackend.wait_at_once).
         if timeout == 0 or not (self._contended and self.wait_at_once(db_key)):
-            acquired = self._get_lock(db_key, 0)
+            statement = self._statements.get((db_key, 0)) or self._statement("GET_LOCK", db_key, 0)
+            (result,) = self._run(*statement)  # _get_lock(db_key, 0), inlined
+            if result is None:
+                self._null(db_key)
+            acquired = bool(result == 1)
             if not acquired or self._contended:
                 self.note_contention(db_key, not acquired)
             if acquired or timeout == 0:
@@ -108,14 +113,17 @@ class MySQLBackend(LockBackend):
         statement = self._statements.get((name, timeout)) if type(timeout) is int else None
         (result,) = self._run(*(statement or self._statement("GET_LOCK", name, timeout)))
         if result is None:
-            # NULL is an error, not "busy": the waiting connection was killed, or the server
-            # ran out of memory.
-            raise AdvisoryLockError(
-                f"GET_LOCK({name!r}) failed on {self.describe()}: the server returned NULL "
-                f"(the waiting connection was killed, or the server ran out of memory). "
-                f"Check the server's error log, then retry."
-            )
+            self._null(name)
         return bool(result == 1)
+
+    def _null(self, name: str) -> NoReturn:
+        # NULL is an error, not "busy": the waiting connection was killed, or the server ran
+        # out of memory.
+        raise AdvisoryLockError(
+            f"GET_LOCK({name!r}) failed on {self.describe()}: the server returned NULL "
+            f"(the waiting connection was killed, or the server ran out of memory). "
+            f"Check the server's error log, then retry."
+        )
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         # 1: released; 0: held by another connection; NULL: nobody holds it.

@@ -69,6 +69,7 @@ from advisory_lock.backends.base import LockRow
 from advisory_lock.backends.base import ReleaseWait
 from advisory_lock.backends.base import pooler_advice
 from advisory_lock.backends.base import replica_error
+from advisory_lock.conf import get_setting
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
@@ -297,7 +298,7 @@ class PostgreSQLBackend(LockBackend):
         self._leading: list[bytes] = []
 
     def db_key(self, key: LockKey) -> int | tuple[int, int]:
-        return key.as_int64()
+        return key._int64  # as_int64(), without the call
 
     def acquire(
         self, db_key: Any, *, shared: bool, timeout: float | None, transaction: bool
@@ -407,7 +408,9 @@ class PostgreSQLBackend(LockBackend):
                 f"pooler was detected in front of it ({_FOUND_BY.get(alias, _PID_CHANGED)}). "
                 f"{pooler_advice(alias)}"
             )
-        return LockBackend.session_lock_problem(self)
+        if get_setting("POOL_MODE").get(alias) == "transaction":  # the base's check, inlined
+            return super().session_lock_problem()
+        return None
 
     @classmethod
     def is_outage(cls, error: BaseException) -> bool:

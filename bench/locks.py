@@ -89,6 +89,7 @@ from django.db import transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from advisory_lock import advisory_lock  # noqa: E402
+from advisory_lock.holds import connection_locks  # noqa: E402
 
 
 @dataclass
@@ -181,6 +182,29 @@ def postgresql_variants() -> tuple[list[Variant], Any]:
             exec_(begin_and_lock).get_value(0, 0)
             exec_(b"COMMIT")
 
+    # The layers between the C API loop and the library, on Django's connection: the same
+    # prepared statements with Django's connection lookup ("bare"), then the library's
+    # backend alone (its statements' logic, without the lock object and the hold).
+    for _ in range(3):  # marks the session, learns its pid, prepares the statements
+        with advisory_lock(K + 16, using=PG):
+            pass
+    backend = connection_locks(conn).backend
+    bare_leading = [str(conn.connection.pgconn.backend_pid).encode(), backend._leading[-1]]
+
+    def bare_lock(n: int, k: int = K + 16) -> None:
+        values = [*bare_leading, str(k).encode()]
+        for _ in range(n):
+            pgconn = connections[PG].connection.pgconn
+            if pgconn.exec_prepared(try_name, values).get_value(0, 0) != b"t":
+                raise RuntimeError("the bare lock's try did not take the lock")
+            pgconn.exec_prepared(unlock_name, values).get_value(0, 0)
+
+    def backend_alone(n: int, k: int = K + 17) -> None:
+        acquire, release = backend.acquire, backend.release
+        for _ in range(n):
+            acquire(k, shared=False, timeout=0, transaction=False)
+            release(k, shared=False)
+
     def driver_cursor(n: int, k: int = K + 3) -> None:
         cursor = conn.connection.cursor()  # Django's psycopg connection: a ClientCursor
         execute, fetchone = cursor.execute, cursor.fetchone
@@ -254,6 +278,17 @@ def postgresql_variants() -> tuple[list[Variant], Any]:
             c_api_xact,
             lambda: SimpleNamespace(pgconn=c_api),
             own_statements=2,
+        ),
+        Variant(
+            "bare lock: the C API loop's statements on `connections[alias]`'s connection",
+            bare_lock,
+            django_conn,
+            own_statements=2,
+        ),
+        Variant(
+            "the library's backend alone: `backend.acquire()` + `backend.release()`",
+            backend_alone,
+            django_conn,
         ),
         Variant(
             "the same two on Django's driver connection, reused cursor (client-side binding)",
@@ -334,6 +369,25 @@ def mysql_variants() -> tuple[list[Variant], Any]:
             query(release_lock)
             store_result().fetch_row()
 
+    def bare_lock(n: int, name: str = prefix + "bare") -> None:
+        get_lock = f"SELECT GET_LOCK('{name}', 0)".encode()
+        release_lock = f"SELECT RELEASE_LOCK('{name}')".encode()
+        for _ in range(n):
+            driver = connections[MY].connection
+            driver.query(get_lock)
+            driver.store_result().fetch_row()
+            driver.query(release_lock)
+            driver.store_result().fetch_row()
+
+    backend = connection_locks(conn).backend
+    backend_key = f"{MY_PARAMS['database']}/bench-backend"
+
+    def backend_alone(n: int, name: str = backend_key) -> None:
+        acquire, release = backend.acquire, backend.release
+        for _ in range(n):
+            acquire(name, shared=False, timeout=0, transaction=False)
+            release(name, shared=False)
+
     def django_cursor(n: int, name: str = prefix + "django") -> None:
         for _ in range(n):
             with conn.cursor() as cursor:
@@ -375,6 +429,17 @@ def mysql_variants() -> tuple[list[Variant], Any]:
             c_api_try,
             lambda: c_api,
             own_statements=2,
+        ),
+        Variant(
+            "bare lock: the C API loop's statements on `connections[alias]`'s connection",
+            bare_lock,
+            django_conn,
+            own_statements=2,
+        ),
+        Variant(
+            "the library's backend alone: `backend.acquire()` + `backend.release()`",
+            backend_alone,
+            django_conn,
         ),
         Variant("the same through Django's cursor", django_cursor, django_conn),
         Variant(
@@ -548,14 +613,20 @@ TARGETS = {
         (
             "try + release vs the C API loop",
             "advisory_lock(k, wait=False)",
-            "C API loop: the library's",
-            0.85,
+            "C API loop: the library's two",
+            0.75,
+        ),
+        (
+            "blocking acquire + release vs the C API loop",
+            "advisory_lock(k): session",
+            "C API loop: the library's two",
+            0.75,
         ),
         (
             "xact lock in atomic vs the C API loop",
             "`atomic()` + advisory_lock",
             "C API loop: the library's `BEGIN",
-            0.85,
+            0.75,
         ),
     ],
     "MariaDB": [
@@ -571,7 +642,13 @@ TARGETS = {
             "raw MySQLdb `GET_LOCK(k, 2147483647)`",
             1.0,
         ),
-        ("try + release vs the C API loop", "advisory_lock(k, wait=False)", "C API loop", 0.85),
+        ("try + release vs the C API loop", "advisory_lock(k, wait=False)", "C API loop", 0.75),
+        (
+            "blocking acquire + release vs the C API loop",
+            "advisory_lock(k): session",
+            "C API loop",
+            0.75,
+        ),
     ],
 }
 
@@ -587,6 +664,14 @@ def targets(title: str, variants: list[Variant]) -> str:
         ratio = find(baseline).median / find(library).median
         verdict = "met" if ratio >= least else "MISSED"
         lines.append(f"- {what}: {ratio:.2f} (target >= {least:.2f}: {verdict})")
+    c_api = find("C API loop").median
+    lines += ["", "The layers, each against the C API loop (its µs / theirs; no target):", ""]
+    for label, prefix in (
+        ("bare lock on Django's connection", "bare lock"),
+        ("the library's backend alone", "the library's backend alone"),
+        ("the library, try + release", "advisory_lock(k, wait=False)"),
+    ):
+        lines.append(f"- {label}: {c_api / find(prefix).median:.2f}")
     return "\n".join(lines)
 
 
@@ -608,6 +693,8 @@ def check_released_mysql(raw: Any) -> None:
     cursor = raw.cursor()
     names = [
         f"{MY_PARAMS['database']}/bench-raw",
+        f"{MY_PARAMS['database']}/bench-bare",
+        f"{MY_PARAMS['database']}/bench-backend",
         f"{MY_PARAMS['database']}/bench-django",
         f"{MY_PARAMS['database']}.bench-django-mysql",
         f"{MY_PARAMS['database']}/#{K + 11}",

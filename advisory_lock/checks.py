@@ -28,6 +28,7 @@ from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import SCHEDULE_HINT
 from advisory_lock.schedule import schedule_problems
+from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.notifications import listening_problem
 from advisory_lock.validation import MAX_SECONDS
 
@@ -101,7 +102,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             ]
     messages += _check_schedule()
     messages += _check_command_graces()
+    messages += _check_heartbeat()
     return messages
+
+
+def _check_heartbeat() -> list[CheckMessage]:
+    """A warning, not an error, as W011: every other command still runs; run_jobs refuses
+    to start on it, and --check to judge by it."""
+    try:
+        heartbeat_interval()
+    except ValueError as error:
+        return [
+            Warning(
+                str(error),
+                hint=(
+                    "Seconds between two heartbeats of a run_jobs scheduler (5 by default); "
+                    "a scheduler is alive while seen within 3 of them. The same on every "
+                    "instance."
+                ),
+                id="advisory_lock.W013",
+            )
+        ]
+    return []
 
 
 def _check_command_graces() -> list[CheckMessage]:

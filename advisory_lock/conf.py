@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "JOBS": {},
     # {entry name: {"command" or "callable", "cron" or "every", ...}}: see manage.py run_jobs.
     "SCHEDULE": {},
+    # Seconds between two heartbeats of a run_jobs scheduler; alive while seen within 3.
+    "SCHEDULER_HEARTBEAT": 5.0,
     # None, or "opentelemetry": record metrics through the OpenTelemetry API.
     "METRICS": None,
     # LockBusyMiddleware's answer to a view that raised LockNotAcquired.

@@ -32,6 +32,8 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Container
 from collections.abc import Iterator
 from typing import Any
 from typing import TypeVar
@@ -592,6 +594,32 @@ def mark_abandoned(
         return sum(_abandon_if_orphaned(using, run, None) for run in running)
 
     return write(using, mark)
+
+
+def abandon_orphans(
+    using: str, job_names: Collection[str], alive: Container[tuple[str, str]] = ()
+) -> int:
+    """The scheduler's sweep: mark abandoned the running rows of ``job_names`` whose lock is
+    free; return how many. One SELECT of the running rows (the ``status`` index) whatever the
+    number of jobs, then a try of the lock of each row found (none while nothing runs) but
+    those in ``alive`` ((job name, period) of runs the caller knows alive: its own job
+    processes hold their locks anyway).
+
+    On the caller's connection, not one of its own (``write``): a scheduler is in autocommit,
+    so each update commits at once, and an idle sweep opens no connection."""
+
+    def mark() -> int:
+        running = JobRun.objects.using(using).filter(status=Status.RUNNING)
+        return sum(
+            _abandon_if_orphaned(using, run, None)
+            for run in list(running)
+            if run.job_name in job_names and (run.job_name, run.period) not in alive
+        )
+
+    if get_setting("LEDGER_IN_CALLERS_TRANSACTION"):
+        return write(using, mark)  # in a savepoint of the caller's transaction
+    with table_checked(using):
+        return mark()
 
 
 def _abandon_if_orphaned(

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connections
 from django.test import override_settings
 
@@ -34,7 +35,10 @@ class Schedulers:
         self.using, self.folder = using, folder
         self.started: list[subprocess.Popen] = []
 
-    def start(self, schedule, *argv, program=None, server_clock=None) -> subprocess.Popen:
+    def start(
+        self, schedule, *argv, program=None, server_clock=None, env=None
+    ) -> subprocess.Popen:
+        """``run_jobs *argv`` with ``schedule``; ``env``: more environment variables."""
         number = len(self.started)
         env = {
             **os.environ,
@@ -45,6 +49,7 @@ class Schedulers:
             "ADVISORY_LOCK_TEST_JOBS_DIR": str(self.folder),
             "PYTHONPATH": str(ROOT),  # django-admin does not put the current folder first
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         if server_clock is not None:
             env["ADVISORY_LOCK_TEST_SERVER_CLOCK"] = str(int(server_clock.timestamp()))
@@ -135,4 +140,4 @@ def alive(pid: int) -> bool:
 
 
 def settings_with(schedule):
-    return override_settings(ADVISORY_LOCK={"NAMESPACE": "tests", "SCHEDULE": schedule})
+    return override_settings(ADVISORY_LOCK={**settings.ADVISORY_LOCK, "SCHEDULE": schedule})

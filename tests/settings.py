@@ -93,7 +93,9 @@ if os.environ.get("ADVISORY_LOCK_TEST_WORKER"):
     # Workers may run on a server database as their "default" alias.
     DATABASES["default"] = DATABASES[os.environ.get("ADVISORY_LOCK_TEST_DEFAULT", "default")]
 
-ADVISORY_LOCK = {"NAMESPACE": "tests"}
+# A heartbeat a second (5 by default): the tests see a scheduler beat, poll and die quickly;
+# the counting tests (tests/test_scheduler_costs.py) run theirs at the default.
+ADVISORY_LOCK = {"NAMESPACE": "tests", "SCHEDULER_HEARTBEAT": 1}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

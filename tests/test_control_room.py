@@ -21,11 +21,14 @@ import datetime
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 
 import pytest
+from django.conf import settings
+from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import F
@@ -34,8 +37,8 @@ from django.test import override_settings
 from advisory_lock import JobRun
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import manual_slot
-from advisory_lock.scheduling.liveness import LIVE_WITHIN
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.liveness import live_within
 from tests.schedule_jobs import runs
 from tests.schedulers import JOBS
 from tests.schedulers import Schedulers
@@ -97,7 +100,7 @@ def command(name: str, *argv: str, schedule=None, **options) -> tuple[int, str, 
     """``call_command(name, *argv)`` in this process with ADVISORY_LOCK's SCHEDULE (and
     ``options``) set: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    lock = {"NAMESPACE": "tests", "SCHEDULE": schedule or {}, **options}
+    lock = {**settings.ADVISORY_LOCK, "SCHEDULE": schedule or {}, **options}
     with override_settings(ADVISORY_LOCK=lock):
         try:
             call_command(name, *argv, stdout=out, stderr=err)
@@ -149,7 +152,7 @@ def test_check_and_status_follow_a_real_schedulers_heartbeat_and_its_death(
     process.wait()
     killed = server_now(using)
     # --check (here, to ask often): alive until the database's clock is past the last
-    # heartbeat + LIVE_WITHIN, then "no scheduler alive", and the heartbeat never moves again.
+    # heartbeat + live_within(), then "no scheduler alive", and the heartbeat never moves again.
     checks = []
 
     def check_fails() -> bool:
@@ -162,9 +165,9 @@ def test_check_and_status_follow_a_real_schedulers_heartbeat_and_its_death(
     last_seen = heartbeats.get(pid=process.pid).last_seen
     assert last_seen <= killed
     for before, status, _, _ in checks[:-1]:
-        assert status == 0 and before <= last_seen + LIVE_WITHIN
+        assert status == 0 and before <= last_seen + live_within()
     _, _, after, err = checks[-1]
-    assert after > last_seen + LIVE_WITHIN
+    assert after > last_seen + live_within()
     since = f"run_jobs: no scheduler alive since {last_seen.isoformat()} (the last heartbeat)."
     assert err.splitlines() == [since]
     status, out, err = run_jobs(schedulers, idle, "--check")
@@ -508,3 +511,23 @@ def test_overdue_skips_a_slot_that_fell_due_while_paused_and_says_no_scheduler_i
     jobs = wait_for(reported_with_no_reason, "the report with a scheduler alive", HANG)
     assert jobs["poll"]["missing_slot"] and process.poll() is None
     assert not ledger.filter(job_name="poll").exists()
+
+
+#: SCHEDULER_HEARTBEAT values that are not a number of seconds in (0, 3600].
+BAD_HEARTBEATS = [0, -1, "5", True, None, float("nan"), float("inf"), 3601]
+
+
+@pytest.mark.parametrize("heartbeat", BAD_HEARTBEATS, ids=repr)
+def test_a_bad_scheduler_heartbeat_is_a_check_warning_and_run_jobs_refuses_it(heartbeat):
+    lock = {**settings.ADVISORY_LOCK, "SCHEDULER_HEARTBEAT": heartbeat}
+    with override_settings(ADVISORY_LOCK=lock):
+        [warning] = [message for message in run_checks() if message.id == "advisory_lock.W013"]
+        with pytest.raises(CommandError, match=re.escape("ADVISORY_LOCK['SCHEDULER_HEARTBEAT']")):
+            call_command("run_jobs", "--check")
+    assert "ADVISORY_LOCK['SCHEDULER_HEARTBEAT']" in warning.msg
+
+
+def test_a_good_scheduler_heartbeat_sets_the_liveness_window():
+    with override_settings(ADVISORY_LOCK={**settings.ADVISORY_LOCK, "SCHEDULER_HEARTBEAT": 2.5}):
+        assert not [message for message in run_checks() if message.id == "advisory_lock.W013"]
+        assert live_within() == datetime.timedelta(seconds=7.5)

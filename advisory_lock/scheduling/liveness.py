@@ -1,12 +1,14 @@
 """Scheduler liveness, a dead-man's switch: each ``run_jobs`` keeps a heartbeat row.
 
 A scheduler inserts its row (``job_schedulers``: host, pid, started, last seen, version) when
-it starts and sets ``last_seen`` to the database server's clock every ``POLL_INTERVAL``
-seconds while it runs. A scheduler is alive while its ``last_seen`` is less than
-``LIVE_WITHIN`` (3 poll intervals) old: one that was SIGKILLed, lost its host or can't reach
-the database stops counting within that time, and nothing has to clean up after it. Rows of
-schedulers not seen for ``FORGET_AFTER`` are deleted by the others, so the table stays small
-while it still tells since when none is alive.
+it starts and sets ``last_seen`` to the database server's clock every ``heartbeat_interval()``
+seconds (``ADVISORY_LOCK["SCHEDULER_HEARTBEAT"]``, 5) while it runs: one UPDATE. A scheduler
+is alive while its ``last_seen`` is less than ``live_within()`` (3 heartbeats) old: one that
+was SIGKILLed, lost its host or can't reach the database stops counting within that time, and
+nothing has to clean up after it. Rows of schedulers not seen for ``FORGET_AFTER`` are
+deleted by the others, so the table stays small while it still tells since when none is
+alive. Every process of the fleet (the schedulers, ``run_jobs --check``, the admin) must read
+the same setting: the window is computed by the one that asks.
 """
 
 from __future__ import annotations
@@ -20,16 +22,35 @@ from django.db import connections
 from django.db import models
 
 from advisory_lock.backends import inspector_for
+from advisory_lock.conf import get_setting
 from advisory_lock.conf import require_app
 from advisory_lock.datetimes import from_field
 from advisory_lock.datetimes import to_field
+from advisory_lock.validation import check_seconds
 
-#: Seconds between two heartbeats of a scheduler (and two looks at run-now requests).
+#: Seconds between two looks at run-now requests and task ends (``run_jobs --poll-interval``).
 POLL_INTERVAL = 1.0
-#: A scheduler seen less than this long ago is alive.
-LIVE_WITHIN = datetime.timedelta(seconds=3 * POLL_INTERVAL)
+#: The longest heartbeat interval: a dead scheduler still stops counting within 3 hours.
+MAX_HEARTBEAT = 3600.0
 #: Rows of schedulers not seen for this long are deleted.
 FORGET_AFTER = datetime.timedelta(days=7)
+
+
+def heartbeat_interval() -> float:
+    """``ADVISORY_LOCK["SCHEDULER_HEARTBEAT"]``: seconds between two heartbeats (ValueError,
+    which says why, if it is not a number of seconds in (0, ``MAX_HEARTBEAT``])."""
+    return check_seconds(
+        "ADVISORY_LOCK['SCHEDULER_HEARTBEAT']",
+        get_setting("SCHEDULER_HEARTBEAT"),
+        allow_zero=False,
+        maximum=MAX_HEARTBEAT,
+    )
+
+
+def live_within() -> datetime.timedelta:
+    """A scheduler seen less than this long ago is alive: 3 heartbeat intervals, so that one
+    late heartbeat (a slow pass, a slow database) does not make a live scheduler look dead."""
+    return datetime.timedelta(seconds=3 * heartbeat_interval())
 
 
 def _version() -> str:
@@ -81,10 +102,11 @@ class Heartbeat:
         self.using = using
         self.row: SchedulerHeartbeat | None = None
 
-    def beat(self) -> None:
-        """Record that this scheduler is alive now (its row, inserted again if deleted)."""
+    def beat(self, server_now: datetime.datetime) -> None:
+        """Record that this scheduler is alive at ``server_now`` (the database server's clock,
+        which the caller has just read): one UPDATE of its row, inserted again if deleted."""
         rows = SchedulerHeartbeat.objects.using(self.using)
-        now = to_field(_now(self.using))  # as the row holds it
+        now = to_field(server_now)  # as the row holds it
         if self.row is not None and rows.filter(pk=self.row.pk).update(last_seen=now):
             self.row.last_seen = now
             return
@@ -97,15 +119,15 @@ class Heartbeat:
             version=_version(),
         )
 
-    def forget_the_dead(self) -> None:
-        """Delete the rows of schedulers not seen for ``FORGET_AFTER``."""
-        old = _now(self.using) - FORGET_AFTER
+    def forget_the_dead(self, server_now: datetime.datetime) -> None:
+        """Delete the rows of schedulers not seen for ``FORGET_AFTER`` before ``server_now``."""
+        old = server_now - FORGET_AFTER
         SchedulerHeartbeat.objects.using(self.using).filter(last_seen__lt=to_field(old)).delete()
 
 
 def live_schedulers(using: str) -> list[SchedulerHeartbeat]:
-    """The schedulers seen within ``LIVE_WITHIN``, the latest seen first."""
-    since = _now(using) - LIVE_WITHIN
+    """The schedulers seen within ``live_within()``, the latest seen first."""
+    since = _now(using) - live_within()
     return list(SchedulerHeartbeat.objects.using(using).filter(last_seen__gte=to_field(since)))
 
 

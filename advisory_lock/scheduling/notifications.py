@@ -5,8 +5,9 @@ Operators' requests (pause, resume, run now) are announced on the channel ``advi
 (``notify``); a scheduler listens (``Listening``) and acts at once instead of at its next
 poll. A notification is a shortcut, never the only way: a scheduler still polls, and one that
 can't listen (another database, a lost connection, a transaction-mode pooler in the way) just
-polls. The ends of runs are not announced: a scheduler looks at the clock and the ledger at
-every pass, 5 times a second, so it acts on a slot's end within 0.2 s without a NOTIFY.
+polls (once a minute while it hears them). The ends of runs are not announced: a scheduler
+looks at its clock at every pass, 5 times a second, and at the ledger for the slots due and
+not yet settled, so it acts on a slot's end within 0.2 s without a NOTIFY.
 
 - PostgreSQL delivers a notification to every listening session when the transaction that
   sent it commits, and never one that rolled back: a request is heard once its row is there.
@@ -124,6 +125,12 @@ class Listening:
             connection = connections[direct_alias(self.using)]
             self._silent = not backend_class(connection).notifications
         return not (self._silent or (self.listener is not None and self.hears))
+
+    @property
+    def hearing(self) -> bool:
+        """True while a listening connection is up and has heard its test notification: the
+        caller hears requests at once, and polls only as a fallback."""
+        return self.listener is not None and self.hears
 
     def wait(self, seconds: float) -> list[str]:
         """Wait at most ``seconds`` for notifications, and return their payloads (``kind:job

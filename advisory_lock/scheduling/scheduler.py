@@ -17,10 +17,17 @@ recent due slot.
 
 Operators' requests (``advisory_lock.scheduling.control``): a paused entry starts no slot,
 and a slot that fell due while it was paused never runs (it is ``paused``, not missed). Every
-``POLL_INTERVAL`` (1 s) a scheduler records its heartbeat (``scheduling.liveness``) and
-starts the pending run-now requests of its entries, each as a slot of its own
-(``manual:<time>``) whose job process waits for the entry's lock: a run of the entry going on
-elsewhere finishes first, and the ledger's claim lets one scheduler's process run it.
+poll interval (``POLL_INTERVAL``, 1 s) a scheduler starts the pending run-now requests of its
+entries, each as a slot of its own (``manual:<time>``) whose job process waits for the
+entry's lock: a run of the entry going on elsewhere finishes first, and the ledger's claim
+lets one scheduler's process run it.
+
+Idle, a scheduler costs the database next to nothing, whatever the number of its entries
+(docs/scheduler.md, "What a scheduler costs"): one connection, kept; the server's clock read
+once a minute and counted on with the monotonic clock between (``now``); one UPDATE a
+heartbeat (``scheduling.liveness``, every ``SCHEDULER_HEARTBEAT`` seconds); one SELECT a
+look for requests (on PostgreSQL once a minute while it hears them); and a sweep a minute of
+one SELECT for all the entries (``abandon_orphans``).
 
 A database outage (the server down, restarting, out of reach) stops no scheduler: a pass that
 can't reach the database logs one WARNING, closes the connections, and is tried again after
@@ -56,12 +63,12 @@ from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import JobRun
+from advisory_lock.ledger import abandon_orphans
 from advisory_lock.ledger import claimed_by_process
 from advisory_lock.ledger import deciding_attempt
 from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
 from advisory_lock.ledger import is_orphaned
-from advisory_lock.ledger import mark_abandoned
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
@@ -72,6 +79,7 @@ from advisory_lock.scheduling.control import pauses
 from advisory_lock.scheduling.control import pending_requests
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import Heartbeat
+from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import Listening
@@ -148,6 +156,7 @@ class Scheduler:
         self._outage_since: float | None = None
         self._retry_in = 0.0
         self.heartbeat = Heartbeat(using)
+        self.heartbeat_interval = heartbeat_interval()  # read once: ValueError if bad
         # Task entries whose queue keeps no results: their slots stay enqueued.
         self._no_results: set[str] = set()
         # Per task entry, the last enqueued row asked about: the next poll goes on from it.
@@ -160,6 +169,9 @@ class Scheduler:
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
+        # The database server's clock as last read, and time.monotonic() just after the
+        # answer came: ``now()`` adds the monotonic time since (see ``now``).
+        self._clock: tuple[datetime.datetime, float] | None = None
 
     # Running.
 
@@ -171,7 +183,7 @@ class Scheduler:
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
         next_sweep = 0.0
-        polled_at = -math.inf  # the interval is looked at each pass: it may shorten (deaf)
+        polled_at = followed_at = -math.inf  # the interval may shorten (deaf): looked at each pass
         try:
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
@@ -181,8 +193,10 @@ class Scheduler:
                     if time.monotonic() >= polled_at + self._poll_interval() or self._poll_now:
                         self._poll_now = False
                         self.start_requested()
-                        self.follow_tasks()
                         polled_at = time.monotonic()
+                    if time.monotonic() >= followed_at + self._follow_interval():
+                        self.follow_tasks()
+                        followed_at = time.monotonic()
                     if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
@@ -191,7 +205,8 @@ class Scheduler:
                     if not is_outage(error):
                         raise
                     next_sweep = self._next_beat = 0.0  # once it is back
-                    polled_at = -math.inf
+                    polled_at = followed_at = -math.inf
+                    self._clock = None  # read again: a failover may bring another clock
                     self._wait(self._outage(error))
                     continue
                 if self._outage_since is not None:
@@ -222,32 +237,45 @@ class Scheduler:
 
     def sweep(self) -> None:
         """Mark abandoned the running rows of the schedule's jobs whose lock is free: their
-        scheduler died with them, maybe on a slot no scheduler looks at any more. A running
-        child of ours holds its entry's lock from before its row exists until after its row
-        is no longer ``running``, so its row is never taken for an orphan. Deletes the
-        heartbeat rows of schedulers gone for a week, too."""
-        for name in self.entries:
-            if self.stopping:
-                return
-            mark_abandoned(self.using, job_name=name)
-            self.beat_if_due()
-        self.heartbeat.forget_the_dead()
+        scheduler died with them, maybe on a slot no scheduler looks at any more. One SELECT
+        for all the entries, on this scheduler's connection, and a lock try per running row
+        of another process (``abandon_orphans``): a running child of ours holds its entry's
+        lock from before its row exists until after its row is no longer ``running``, so its
+        row is never taken for an orphan (and is not looked at). Deletes the heartbeat rows of
+        schedulers gone for a week, too."""
+        alive = {(child.entry.name, child.slot) for child in self.children.values()}
+        abandon_orphans(self.using, self.entries.keys(), alive)
+        self.heartbeat.forget_the_dead(self.now())
 
     def _poll_interval(self) -> float:
-        """``poll_interval``, or at most ``POLL_INTERVAL`` (1 s) while the database announces
+        """``poll_interval``, but at most ``POLL_INTERVAL`` (1 s) while the database announces
         requests and this process can't hear them (a transaction pooler in the way, declared
-        or found out; not listening yet): they are then seen by polling only."""
+        or found out; not listening yet): they are then seen by polling only. While it hears
+        them, at least ``_SWEEP`` (a minute): polling is then only a fallback, since a request
+        is heard when its row commits, a new listening connection makes the scheduler poll at
+        once (what was sent while none listened is lost), and so does the end of a run here
+        (a request for its entry waited for it)."""
         if self.listening.deaf:
             return min(self.poll_interval, POLL_INTERVAL)
+        if self.listening.hearing:
+            return max(self.poll_interval, _SWEEP)
         return self.poll_interval
 
+    def _follow_interval(self) -> float:
+        """How often to ask the queues how enqueued tasks ended: every poll, but at most once
+        a heartbeat interval (a task's end is not urgent, and each look is a statement)."""
+        return max(self.poll_interval, self.heartbeat_interval)
+
     def beat_if_due(self) -> None:
-        """Record the heartbeat if ``POLL_INTERVAL`` has passed since the last one: also
-        within a long pass (many due slots, a sweep over many entries), so that a busy
-        scheduler never looks dead."""
+        """Record the heartbeat (one UPDATE) if the heartbeat interval has passed since the
+        last one: also within a long pass (many due slots), so that a busy scheduler never
+        looks dead. The server's clock is read again first if it was last read ``_SWEEP``
+        seconds ago or more (see ``now``)."""
         if time.monotonic() >= self._next_beat:
-            self.heartbeat.beat()
-            self._next_beat = time.monotonic() + POLL_INTERVAL
+            if self._clock is None or time.monotonic() - self._clock[1] >= _SWEEP:
+                self.read_clock()
+            self.heartbeat.beat(self.now())
+            self._next_beat = time.monotonic() + self.heartbeat_interval
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -347,9 +375,25 @@ class Scheduler:
         At most ``_FOLLOWED`` slots of an entry a poll, oldest first, each poll going on
         from where the last one stopped: slots whose task never ends (its worker killed,
         its result deleted) can't keep the others from being followed."""
-        for name, entry in self.entries.items():
-            if entry.task is None or name in self._no_results:
+        followed = [
+            name
+            for name, entry in self.entries.items()
+            if entry.task is not None and name not in self._no_results
+        ]
+        if not followed:
+            return
+        # One statement for all the task entries: which have enqueued slots (usually none).
+        waiting = set(
+            JobRun.objects.using(self.using)
+            .filter(status=Status.ENQUEUED)
+            .values_list("job_name", flat=True)
+            .distinct()
+        )
+        for name in followed:
+            if name not in waiting:
                 continue
+            entry = self.entries[name]
+            assert entry.task is not None
             enqueued = JobRun.objects.using(self.using).filter(
                 job_name=name, status=Status.ENQUEUED
             )
@@ -391,8 +435,23 @@ class Scheduler:
                     self.say(f"run_jobs: {name} [{run.period}] task {run.task_id} {ended}.")
 
     def now(self) -> datetime.datetime:
-        """The database server's clock."""
-        return inspector_for(connections[self.using]).database_now()
+        """The database server's clock, as last read (``read_clock``: at start, then once a
+        minute with a heartbeat, and after an outage) plus the time this host's monotonic
+        clock has counted since the answer came: no statement. Behind the server's clock by
+        the answer's way back, never ahead of it but by the drift of the two clocks over a
+        minute (parts per million: microseconds): the server's answer was read before the
+        monotonic time was, so a slot is never taken for due before the server says so."""
+        if self._clock is None:
+            return self.read_clock()
+        read, at = self._clock
+        return read + datetime.timedelta(seconds=time.monotonic() - at)
+
+    def read_clock(self) -> datetime.datetime:
+        """Ask the database server for its clock (one statement), and keep the answer for
+        ``now``."""
+        read = inspector_for(connections[self.using]).database_now()
+        self._clock = (read, time.monotonic())
+        return read
 
     # Which slots.
 

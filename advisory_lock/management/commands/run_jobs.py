@@ -20,8 +20,8 @@ from advisory_lock.scheduling.control import command_line_user
 from advisory_lock.scheduling.control import request_run
 from advisory_lock.scheduling.control import run_going_on
 from advisory_lock.scheduling.control import set_paused
-from advisory_lock.scheduling.liveness import LIVE_WITHIN
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
+from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.scheduler import Scheduler
@@ -71,8 +71,9 @@ class Command(BaseCommand):
             "--check",
             action="store_true",
             help=(
-                f"Exit 0 if a scheduler was seen in the last "
-                f"{LIVE_WITHIN.total_seconds():g}s, else 1 saying since when none is alive."
+                "Exit 0 if a scheduler was seen in the last 3 heartbeat intervals (3 x "
+                "ADVISORY_LOCK['SCHEDULER_HEARTBEAT'], 15 s by default), else 1 saying since "
+                "when none is alive."
             ),
         )
         parser.add_argument(
@@ -93,9 +94,10 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help=(
                 "How often to look for operators' requests and for the ends of enqueued "
-                f"tasks (default {POLL_INTERVAL:g}). On PostgreSQL requests are heard at once "
-                "anyway (LISTEN/NOTIFY): a longer interval costs the database less; where "
-                "they can't be heard (a transaction pooler), they are looked for every second."
+                f"tasks (default {POLL_INTERVAL:g}; task ends at most once a heartbeat "
+                "interval). On PostgreSQL requests are heard at once (LISTEN/NOTIFY), and "
+                "polled for at most once a heartbeat interval; where they can't be heard (a "
+                "transaction pooler), they are looked for every second."
             ),
         )
 
@@ -112,6 +114,7 @@ class Command(BaseCommand):
             raise CommandError("--json goes with --list or --status.")
         try:
             schedule = entries()
+            heartbeat_interval()
         except ValueError as error:
             raise CommandError(f"{error} (manage.py check lists every problem).") from error
         if controls and controls[0] not in ("--list", "--once"):

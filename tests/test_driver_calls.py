@@ -109,9 +109,9 @@ def test_a_release_during_the_rollback_leaves_autocommit_as_django_restores_it(u
 
 @pytest.mark.parametrize("using", ["default", "postgresql"], indirect=True)
 def test_a_blocking_wait_is_interrupted_by_ctrl_c(using, workers):
-    # PostgreSQL waits through a psycopg cursor, whose wait runs Python's signal handlers;
-    # SQLite waits in flock(), which a signal interrupts. (A blocking libpq call would defer
-    # the handler until the lock came.)
+    # PostgreSQL's wait polls its connection's socket (a psycopg cursor's wait, inside a
+    # transaction), so Python's signal handlers run; SQLite waits in flock(), which a signal
+    # interrupts. (A blocking libpq call would defer the handler until the lock came.)
     key = f"interruptible-{uuid.uuid4().hex[:8]}"
     with held_elsewhere(key, using) as holder:
         waiter = workers.start("--using", using, "hold", key)

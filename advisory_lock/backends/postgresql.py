@@ -6,9 +6,13 @@ at ROLLBACK TO SAVEPOINT of a savepoint they were taken in; session locks when t
 ends. Keys are ints, written into the statements by us (nothing to escape).
 
 Statements that can't wait (a try, an unlock) run through libpq itself, psycopg's documented
-``Connection.pgconn`` (``psycopg.pq``): one round trip, no cursor, no adaptation. Statements
-that may wait run through a psycopg cursor, whose wait lets Python's signal handlers run
-(Ctrl-C, SIGTERM, a watchdog), which a blocking libpq call would defer.
+``Connection.pgconn`` (``psycopg.pq``): one round trip, no cursor, no adaptation. A statement
+that may wait must let Python's signal handlers run while it waits (Ctrl-C, SIGTERM, a
+watchdog's SIGINT), which a blocking libpq call would defer until the lock came: in autocommit
+it is sent without blocking (``send_query_prepared``) and its result awaited with ``poll()``
+on the socket, a wake-up at least every ``_WAIT_INTERVAL`` (``_result``); inside a
+transaction, or when Django logs queries, it runs through a psycopg cursor, whose own wait
+does the same.
 
 Behind a transaction-mode pooler (PgBouncer) one client connection's statements run on any
 server connection, and between them a server connection serves other clients; PgBouncer resets

@@ -281,6 +281,11 @@ class ConnectionLocks:
             for hold in self.session_holds
         )
 
+    def holds(self, db_key: object) -> bool:
+        """Does a hold of this connection (a session's, or one waiting for its transaction's
+        end) hold ``db_key``?"""
+        return any(hold.db_key == db_key for hold in (*self.session_holds, *self.pending))
+
     def forget(self, hold: SessionHold) -> None:
         """``hold``'s block ended (nearly always the last one that began)."""
         holds = self.session_holds

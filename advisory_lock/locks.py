@@ -28,6 +28,7 @@ from typing import Any
 from typing import Literal
 from typing import TypeVar
 
+from django.db import DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
@@ -36,6 +37,7 @@ from advisory_lock import metrics
 from advisory_lock import signals
 from advisory_lock.async_locks import acquire_in_turn
 from advisory_lock.async_locks import release_in_thread
+from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.holds import ConnectionLocks
@@ -221,23 +223,39 @@ class AdvisoryLock:
         db_key = backend.db_key(self.lock_key)
         native = not session and backend.native_transaction_locks
         started = monotonic()
-        if task is not None and locks.held_by_another_task(db_key, task, self.shared):
-            acquired = False
-        else:
-            acquired = backend.acquire(
-                db_key, shared=self.shared, timeout=timeout, transaction=native
-            )
-        now = monotonic()
-        if not acquired:
-            scope: Literal["session", "transaction"] = "session" if session else "transaction"
-            return LockHandle(self, connection, scope, db_key, now - started, None)
-        # The hold records itself (and its release) before anything else can fail: from
-        # here on the lock is always released.
-        handle: LockHandle
-        if session:
-            handle = SessionHold(self, connection, db_key, now - started, now, locks, task)
-        else:
-            handle = TransactionHold(self, connection, db_key, now - started, now, locks, native)
+        handle: LockHandle | None = None
+        try:
+            if task is not None and locks.held_by_another_task(db_key, task, self.shared):
+                acquired = False
+            else:
+                acquired = backend.acquire(
+                    db_key, shared=self.shared, timeout=timeout, transaction=native
+                )
+            now = monotonic()
+            if not acquired:
+                scope: Literal["session", "transaction"] = "session" if session else "transaction"
+                return LockHandle(self, connection, scope, db_key, now - started, None)
+            # The hold records itself (and its release) before anything else can fail: from
+            # here on the lock is always released.
+            if session:
+                handle = SessionHold(self, connection, db_key, now - started, now, locks, task)
+            else:
+                handle = TransactionHold(
+                    self, connection, db_key, now - started, now, locks, native
+                )
+        except BaseException as error:
+            # A signal handler's exception (Ctrl-C, SIGTERM, a task queue's time limit)
+            # surfaces at the interpreter's next check, which can come after the database
+            # granted the lock and before the hold recorded it. An error of the statement
+            # itself (DatabaseError, AdvisoryLockError) granted nothing.
+            if (
+                handle is None
+                and session
+                and not isinstance(error, (DatabaseError, AdvisoryLockError))
+                and not locks.holds(db_key)
+            ):
+                backend.undo_interrupted_acquire(db_key, shared=self.shared)
+            raise
         if signals.lock_acquired.receivers:
             signals.send(signals.lock_acquired, self, handle)
         return handle

@@ -213,3 +213,52 @@ def test_a_signal_handler_ends_a_blocking_wait_and_leaves_the_connection_usable(
         signal.signal(signal.SIGUSR1, previous)
     with advisory_lock(key, using=using, wait=False) as handle:
         assert handle.acquired
+
+
+def stopped(pid):
+    """Is the process ``pid`` stopped (SIGSTOP), as the kernel says?"""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def waiting_rows(using):
+    rows = inspector_for(connections[using]).list_locks({}).rows
+    return [row for row in rows if not row.granted]
+
+
+def wait_for(predicate, what):
+    deadline = time.monotonic() + DEFAULT_TIMEOUT  # a guard against a hang, not a timing
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+@servers
+def test_a_wait_interrupted_just_as_the_lock_is_granted_leaves_it_free(using, workers):
+    """The lock is granted to a waiter whose Ctrl-C is already on its way: the waiter is
+    stopped (SIGSTOP) while it waits, the holder lets go, the database grants the waiter the
+    lock, and only then does the waiter get SIGINT and run on (SIGCONT). Whichever comes
+    first in the waiter, the interruption or the lock, the lock must not stay held by a
+    session that has no hold for it. (SQLite is not in it: the kernel grants a flock() only
+    to a waiter that runs, so the grant can't come first.)"""
+    key = f"granted-{uuid.uuid4().hex[:8]}"
+    holder = workers.start("--using", using, "hold", key)
+    holder.expect("acquired")
+    waiter = workers.start("--using", using, "interrupted-wait", key)
+    waiter.expect("waiting")
+    wait_for(lambda: waiting_rows(using), "the waiter never showed up waiting")
+    os.kill(waiter.proc.pid, signal.SIGSTOP)
+    wait_for(lambda: stopped(waiter.proc.pid), "the waiter did not stop")
+    holder.send("release")
+    holder.expect("releasing")
+    holder.expect("released")
+    # The database has given the lock to the stopped waiter: nobody waits, and it is held.
+    wait_for(lambda: not waiting_rows(using), "the lock was not granted to the waiter")
+    assert not is_free(key, using)
+    os.kill(waiter.proc.pid, signal.SIGINT)
+    os.kill(waiter.proc.pid, signal.SIGCONT)
+
+    outcome = waiter.message()["event"]
+    assert outcome in ("interrupted", "acquired"), outcome
+    assert is_free(key, using), f"{outcome}, and the waiter's session still holds the lock"
+    waiter.send("exit")

@@ -78,6 +78,24 @@ def wait(args: argparse.Namespace) -> None:
         say("timed_out")
 
 
+def interrupted_wait(args: argparse.Namespace) -> None:
+    """Wait for ``key`` with no limit, after a first lock on another key (the session known:
+    PostgreSQL's wait is then the prepared one). Ctrl-C during the wait says ``interrupted``;
+    either way the process then waits for a cue with its connection open, so that the test
+    can look at what that session still holds."""
+    from advisory_lock import advisory_lock
+
+    with advisory_lock(f"{args.key}-first", using=args.using):
+        pass
+    say("waiting")
+    try:
+        with advisory_lock(args.key, using=args.using):
+            say("acquired")
+    except KeyboardInterrupt:
+        say("interrupted")
+    cue()
+
+
 def contend(args: argparse.Namespace) -> None:
     from django.db import connections
 
@@ -168,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     command.add_argument("key")
     command.add_argument("--timeout", type=float, required=True)
     command.set_defaults(run=wait)
+
+    command = commands.add_parser("interrupted-wait")
+    command.add_argument("key")
+    command.set_defaults(run=interrupted_wait)
 
     command = commands.add_parser("contend")
     command.add_argument("key")

@@ -94,6 +94,13 @@ class LockBackend:
         """Release one hold of a session lock; False if this session did not hold it."""
         raise NotImplementedError
 
+    def undo_interrupted_acquire(self, db_key: Any, *, shared: bool) -> None:
+        """An exception raised by a signal handler (Ctrl-C, SIGTERM, a watchdog, a task
+        queue's time limit) interrupted ``acquire()`` of a session lock that no hold of this
+        connection has: the database may have granted it just before, unseen. Leave the
+        session as if it had not been taken. The default does nothing: a backend whose
+        grant is a local step with nothing in between has nothing to undo."""
+
     def is_held(self, db_key: Any) -> bool:
         """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""
         raise NotImplementedError

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import logging
 import math
 import re
 import time
@@ -40,6 +41,10 @@ MAX_NAME_LENGTH = 64
 # both take: 2**31 - 1 seconds, about 68 years.
 _FOREVER = 2**31 - 1
 _POLL_INTERVAL = 0.02
+#: At most this many holds of one name to release after an interrupted wait (one is expected).
+_MAX_UNDONE_HOLDS = 64
+
+logger = logging.getLogger("advisory_lock")
 #: Server errors that mean it can't be used for now (besides the client's own, 2000 to 2999:
 #: can't connect, server gone away, lost connection): too many connections, shutdown in
 #: progress, aborted connection, network read and write errors, connection killed, idle
@@ -130,6 +135,31 @@ class MySQLBackend(LockBackend):
         statement = self._statements.get((db_key, None))
         (result,) = self._run(*(statement or self._statement("RELEASE_LOCK", db_key, None)))
         return bool(result == 1)
+
+    def undo_interrupted_acquire(self, db_key: Any, *, shared: bool) -> None:
+        # mysqlclient waits in C, where no signal handler runs: the interruption surfaces
+        # after GET_LOCK returned, maybe before its result was read, and the connection
+        # answers nothing else until it is ("Commands out of sync"): read it first
+        # (store_result() returns None when there is none). A lock granted then is this
+        # connection's, and no hold of this connection holds the name (the caller checked):
+        # release each of its holds (RELEASE_LOCK releases one).
+        raw = self.connection.connection
+        if raw is None:
+            return
+        try:
+            raw.store_result()
+            for _ in range(_MAX_UNDONE_HOLDS):
+                if not self.is_held(db_key):
+                    return
+                self.release(db_key, shared=shared)
+        except Exception:
+            logger.warning(
+                "Releasing lock %r, granted as its wait was interrupted, failed: closing its "
+                "connection, which releases it.",
+                db_key,
+                exc_info=True,
+            )
+            self.connection.close()
 
     def is_held(self, db_key: Any) -> bool:
         (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = CONNECTION_ID()")

@@ -109,6 +109,8 @@ _HOLDS_ANY = (
 #: the server shutting down or starting up, too many connections.
 _OUTAGE = ("08", "57P", "53300")
 _IDLE = pq.TransactionStatus.IDLE
+#: At most this many holds of one key to release after an interrupted wait (one is expected).
+_MAX_UNDONE_HOLDS = 64
 _ACTIVE = pq.TransactionStatus.ACTIVE
 _INERROR = pq.TransactionStatus.INERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -383,6 +385,35 @@ class PostgreSQLBackend(LockBackend):
                 f"{pooler_advice(self.connection.alias)}"
             )
         return bool(released)
+
+    def undo_interrupted_acquire(self, db_key: Any, *, shared: bool) -> None:
+        # The interruption may have come while the wait statement ran: it is cancelled and
+        # its result read first (psycopg's cancel_safe()), else the session answers nothing
+        # else. A lock the server granted before the cancel reached it is this session's
+        # now, and no hold of this connection holds the key (the caller checked): release
+        # each of the session's holds of it (pg_advisory_unlock releases one). In a failed
+        # transaction nothing can run, and a closed connection's locks went with it.
+        raw = self.connection.connection
+        if raw is None or raw.closed:
+            return
+        pgconn = raw.pgconn
+        if pgconn.transaction_status == _ACTIVE:
+            self._cancel(raw, pgconn, pgconn.socket)
+        if raw.closed or pgconn.transaction_status in (_ACTIVE, _INERROR):
+            return
+        try:
+            for _ in range(_MAX_UNDONE_HOLDS):
+                if not self.is_held(db_key):
+                    return
+                self.release(db_key, shared=shared)
+        except Exception:
+            logger.warning(
+                "Releasing lock %s, granted as its wait was interrupted, failed: closing its "
+                "connection, which releases it.",
+                self.display_key(db_key),
+                exc_info=True,
+            )
+            raw.close()
 
     def is_held(self, db_key: Any) -> bool:
         self._driver_connection()  # first: the pid and the client must be current

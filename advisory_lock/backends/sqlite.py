@@ -107,9 +107,20 @@ class SQLiteBackend(LockBackend):
         fd = _lock_file(db_key, shared, timeout)
         if fd is None:
             return False
-        held = self._files[db_key] = _File(fd)
-        _count(held, shared, +1)
+        try:
+            held = _File(fd)
+            _count(held, shared, +1)
+        except BaseException:  # a signal handler's exception, before the file was recorded
+            os.close(fd)  # the flock goes with its descriptor
+            raise
+        self._files[db_key] = held
         return True
+
+    def undo_interrupted_acquire(self, db_key: Any, *, shared: bool) -> None:
+        # Recorded in _files (each release() takes one count off), and no hold of this
+        # connection holds it (the caller checked).
+        while db_key in self._files and self.release(db_key, shared=shared):
+            pass
 
     def release(self, db_key: Any, *, shared: bool) -> bool:
         held = self._files.get(db_key)

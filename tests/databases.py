@@ -1,4 +1,5 @@
-"""New, empty databases on the test servers, for tests of what happens before ``migrate``."""
+"""New, empty databases on the test servers, for tests of what happens before ``migrate``, and a
+router that keeps the app's models on one of them."""
 
 from __future__ import annotations
 
@@ -40,3 +41,16 @@ def _run_on(using: str, sql: str, name: str) -> None:
     connection = connections[using]
     with connection.cursor() as cursor:
         cursor.execute(sql.format(connection.ops.quote_name(name)))
+
+
+class AppOn:
+    """A database router that keeps the app's models (the ledger, the control room) on one
+    alias."""
+
+    def __init__(self, alias):
+        self.alias = alias
+
+    def db_for_read(self, model, **hints):
+        return self.alias if model._meta.app_label == "advisory_lock" else None
+
+    db_for_write = db_for_read

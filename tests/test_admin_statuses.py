@@ -29,6 +29,7 @@ from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import PAUSED
+from tests.databases import AppOn
 from tests.schedulers import JOBS
 from tests.schedulers import settings_with
 
@@ -52,19 +53,6 @@ TIMELINE_ROW = re.compile(
     r'<tr class="outcome-[^"]*" style="--outcome-colour:(?P<colour>#[0-9a-f]{6});[^"]*">\s*'
     r"<td>(?P<slot>[^<]*)</td>\s*<td>(?P<outcome>[^<]*)</td>"
 )
-
-
-class AppOn:
-    """A database router that keeps the app's models (the ledger, the control room) on one
-    alias."""
-
-    def __init__(self, alias):
-        self.alias = alias
-
-    def db_for_read(self, model, **hints):
-        return self.alias if model._meta.app_label == "advisory_lock" else None
-
-    db_for_write = db_for_read
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils.html import escape
 
+from tests.databases import AppOn
 from tests.databases import new_database
 from tests.schedulers import JOBS
 from tests.schedulers import settings_with
@@ -49,19 +50,6 @@ STATES = {
     "never migrated, ATOMIC_REQUESTS": (None, True),
     "migrated up to 0004 (no control room)": ("0004", False),
 }
-
-
-class AppOn:
-    """A database router that keeps the app's models (the ledger, the control room) on one
-    alias."""
-
-    def __init__(self, alias):
-        self.alias = alias
-
-    def db_for_read(self, model, **hints):
-        return self.alias if model._meta.app_label == "advisory_lock" else None
-
-    db_for_write = db_for_read
 
 
 @pytest.fixture

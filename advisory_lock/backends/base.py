@@ -21,6 +21,10 @@ from advisory_lock.keys import LockKey
 CONTENDED_WAITS = 16
 
 
+#: At most this many holds of one key to release after an interrupted wait (one is expected).
+MAX_UNDONE_HOLDS = 64
+
+
 class LockBackend:
     """Takes and releases advisory locks on one Django connection (one alias, one thread).
 
@@ -100,6 +104,14 @@ class LockBackend:
         connection has: the database may have granted it just before, unseen. Leave the
         session as if it had not been taken. The default does nothing: a backend whose
         grant is a local step with nothing in between has nothing to undo."""
+
+    def release_every_hold(self, db_key: Any, *, shared: bool) -> None:
+        """Release each of this session's holds of ``db_key`` (one release undoes one
+        take), at most ``MAX_UNDONE_HOLDS``: for ``undo_interrupted_acquire()``."""
+        for _ in range(MAX_UNDONE_HOLDS):
+            if not self.is_held(db_key):
+                return
+            self.release(db_key, shared=shared)
 
     def is_held(self, db_key: Any) -> bool:
         """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""

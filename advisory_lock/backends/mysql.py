@@ -41,8 +41,6 @@ MAX_NAME_LENGTH = 64
 # both take: 2**31 - 1 seconds, about 68 years.
 _FOREVER = 2**31 - 1
 _POLL_INTERVAL = 0.02
-#: At most this many holds of one name to release after an interrupted wait (one is expected).
-_MAX_UNDONE_HOLDS = 64
 
 logger = logging.getLogger("advisory_lock")
 #: Server errors that mean it can't be used for now (besides the client's own, 2000 to 2999:
@@ -148,10 +146,7 @@ class MySQLBackend(LockBackend):
             return
         try:
             raw.store_result()
-            for _ in range(_MAX_UNDONE_HOLDS):
-                if not self.is_held(db_key):
-                    return
-                self.release(db_key, shared=shared)
+            self.release_every_hold(db_key, shared=shared)
         except Exception:
             logger.warning(
                 "Releasing lock %r, granted as its wait was interrupted, failed: closing its "

@@ -109,8 +109,6 @@ _HOLDS_ANY = (
 #: the server shutting down or starting up, too many connections.
 _OUTAGE = ("08", "57P", "53300")
 _IDLE = pq.TransactionStatus.IDLE
-#: At most this many holds of one key to release after an interrupted wait (one is expected).
-_MAX_UNDONE_HOLDS = 64
 _ACTIVE = pq.TransactionStatus.ACTIVE
 _INERROR = pq.TransactionStatus.INERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -402,10 +400,7 @@ class PostgreSQLBackend(LockBackend):
         if raw.closed or pgconn.transaction_status in (_ACTIVE, _INERROR):
             return
         try:
-            for _ in range(_MAX_UNDONE_HOLDS):
-                if not self.is_held(db_key):
-                    return
-                self.release(db_key, shared=shared)
+            self.release_every_hold(db_key, shared=shared)
         except Exception:
             logger.warning(
                 "Releasing lock %s, granted as its wait was interrupted, failed: closing its "

@@ -9,6 +9,8 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
+from tests.processes import Workers
+
 BACKENDS = ["default", "postgresql", "mysql"]
 BACKEND_IDS = {"default": "sqlite", "postgresql": "postgresql", "mysql": "mysql"}
 
@@ -67,3 +69,14 @@ def pytest_sessionfinish(session, exitstatus):
     """Remove the run's folder (SQLite files, lock files) if this process made it."""
     if os.environ.get("ADVISORY_LOCK_TEST_DIR_OWNER") == str(os.getpid()):
         shutil.rmtree(os.environ["ADVISORY_LOCK_TEST_DIR"], ignore_errors=True)
+
+
+@pytest.fixture
+def workers():
+    """Worker processes for this test (tests/worker.py); none of them outlives it."""
+    assert "ADVISORY_LOCK_TEST_DIR" in os.environ, "tests.settings sets it for the workers"
+    started = Workers()
+    try:
+        yield started
+    finally:
+        started.kill_all()

@@ -9,7 +9,6 @@ takes part through its own connection. The only time bounds asserted are the doc
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import threading
 import time
@@ -23,18 +22,6 @@ from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
 from testproject.example.models import Counter
 from tests.processes import Worker
-from tests.processes import Workers
-
-
-@pytest.fixture
-def workers():
-    """Start worker processes for this test; none of them outlives it."""
-    assert "ADVISORY_LOCK_TEST_DIR" in os.environ, "tests.settings sets it for the workers"
-    started = Workers()
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 @pytest.fixture

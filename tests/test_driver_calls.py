@@ -23,21 +23,11 @@ from advisory_lock import advisory_lock
 from advisory_lock.backends import inspector_for
 from tests.probes import is_free
 from tests.processes import DEFAULT_TIMEOUT
-from tests.processes import Workers
 from tests.test_locks import held_elsewhere
 from tests.wire import round_trips
 
 servers = pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
 postgresql_only = pytest.mark.parametrize("using", ["postgresql"], indirect=True)
-
-
-@pytest.fixture
-def workers():
-    started = Workers()
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 @servers

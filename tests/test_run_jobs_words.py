@@ -9,14 +9,10 @@ the lock that keeps a run from claiming its slot is held by a worker process
 
 from __future__ import annotations
 
-import os
 import re
-
-import pytest
 
 from advisory_lock import JobRun
 from advisory_lock.scheduling.scheduler import UNRECORDED
-from tests.processes import Workers
 from tests.schedulers import HANG
 from tests.schedulers import JOBS
 from tests.schedulers import long_interval
@@ -30,17 +26,6 @@ Status = JobRun.Status
 
 #: The fixtures of tests/test_control_room.py: its rows emptied before and after the test.
 FIXTURES = (controls, heartbeats)
-
-
-@pytest.fixture
-def workers():
-    """Worker processes for this test; none of them outlives it."""
-    assert "ADVISORY_LOCK_TEST_DIR" in os.environ, "tests.settings sets it for the workers"
-    started = Workers()
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 def test_run_now_says_it_waits_for_a_run_only_while_one_is_going_on(

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from advisory_lock import metrics
 from advisory_lock.backends import backend_for
@@ -42,6 +43,22 @@ def direct_alias(alias: str) -> str:
     return direct
 
 
+def dedicated_connection(using: str, label: str) -> BaseDatabaseWrapper:
+    """A new connection to the database ``using`` (already a direct alias), for locks alone:
+    not one of Django's (``connections``), so that nothing done to those can drop or leak
+    its locks. Opened at its first statement."""
+    shared = connections[using]
+    backend_class = type(backend_for(shared))
+    settings_dict = backend_class.dedicated_settings(
+        shared.settings_dict, f"{label} (advisory_lock)"
+    )
+    connection = type(shared)(settings_dict, using)
+    # The watchdog checks the lock from its own thread, never at the same time as the
+    # owner (the mutex): Django must let both threads use the connection.
+    connection.inc_thread_sharing()
+    return connection
+
+
 class DedicatedLock:
     """A session lock on ``key`` held on a connection opened for it alone.
 
@@ -49,19 +66,23 @@ class DedicatedLock:
     once a loss was found, ``release()`` stops the watchdog, releases and closes.
     """
 
-    def __init__(self, key: Key | LockKey, *, using: str | None, label: str) -> None:
+    def __init__(
+        self,
+        key: Key | LockKey,
+        *,
+        using: str | None,
+        label: str,
+        connection: BaseDatabaseWrapper | None = None,
+    ) -> None:
         self.key = make_key(key)
         self.using = direct_alias(check_alias(using))
         self.label = label
-        shared = connections[self.using]
-        backend_class = type(backend_for(shared))
-        settings_dict = backend_class.dedicated_settings(
-            shared.settings_dict, f"{label} (advisory_lock)"
-        )
-        self.connection = type(shared)(settings_dict, self.using)
-        # The watchdog checks the lock from its own thread, never at the same time as the
-        # owner (the mutex): Django must let both threads use the connection.
-        self.connection.inc_thread_sharing()
+        #: A ``connection`` passed in (``dedicated_connection()``'s, kept by a scheduler's
+        #: worker from one run to the next) is closed only after trouble: a lock lost, a
+        #: statement that failed or went unanswered. Its locks are then dropped with it.
+        self.kept = connection is not None
+        self._trouble = False
+        self.connection = connection or dedicated_connection(self.using, label)
         self.backend = backend_for(self.connection)
         if problem := self.backend.session_lock_problem():
             raise NotSupportedError(problem)
@@ -82,9 +103,13 @@ class DedicatedLock:
         check_wait("wait", wait, self.backend)  # before anything is taken
         started = monotonic()
         with self._mutex:
-            acquired = self.backend.acquire(
-                self.db_key, shared=False, timeout=wait, transaction=False
-            )
+            try:
+                acquired = self.backend.acquire(
+                    self.db_key, shared=False, timeout=wait, transaction=False
+                )
+            except BaseException:
+                self._trouble = True  # the session's state is unknown: not kept
+                raise
             if acquired:
                 # At once: whatever fails from here on, let_go() knows there is a lock.
                 self.acquired_at = monotonic()
@@ -107,6 +132,7 @@ class DedicatedLock:
                 holder = inspector_for(self.connection).holder(self.db_key)
         except DatabaseError:
             holder = None
+            self._trouble = True
         finally:
             self.close()
         held_by = f" by {holder.describe()}" if holder else ""
@@ -214,12 +240,14 @@ class DedicatedLock:
             try:
                 released = self._within(self.deadline, self._release_statement)
             except (DatabaseError, TimeoutError) as error:
+                self._trouble = True
                 self.lost = True
                 raise LockLost(
                     f"{self.label}: releasing lock {self.key.label} on database {self.using!r} "
                     f"failed ({error}): it was lost, and another instance may have run."
                 ) from error
             if not released:
+                self._trouble = True
                 raise LockLost(
                     f"{self.label}: lock {self.key.label} on database {self.using!r} was no "
                     f"longer held when released: another instance may have run."
@@ -243,9 +271,11 @@ class DedicatedLock:
         error (a failure to release is logged; closing the connection drops the lock)."""
         self.stop_watching()
         try:
-            if self.acquired_at is not None and not self.lost and not self._checkers:
-                self._within(self.deadline, self._release_statement)
+            held = self.acquired_at is not None and not self.lost and not self._checkers
+            if held and not self._within(self.deadline, self._release_statement):
+                self._trouble = True
         except Exception:
+            self._trouble = True
             logger.debug(
                 "%s: releasing lock %s failed.", self.label, self.key.label, exc_info=True
             )
@@ -261,6 +291,8 @@ class DedicatedLock:
         Closing sends the server a goodbye (PostgreSQL's Terminate, MySQL's COM_QUIT), a
         blocking write: it too has ``deadline`` seconds."""
         self.acquired_at = None
+        if self.kept and not (self.lost or self._trouble or self._checkers):
+            return  # nothing held any more, and the connection sound: kept for the next lock
         if not self._checkers:
             try:
                 self._within(self.deadline, self.connection.close)

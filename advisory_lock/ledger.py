@@ -399,6 +399,32 @@ def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
     return attempts.order_by(models.F("succeeded").desc(nulls_last=True), "-attempt").first()
 
 
+def deciding_attempts(using: str, slots: dict[str, str]) -> dict[str, JobRun]:
+    """``deciding_attempt`` of each job's slot in ``slots`` (job name: period), in one
+    statement; a job whose slot has no attempt is left out."""
+    if not slots:
+        return {}
+    rows = JobRun.objects.using(using).filter(
+        job_name__in=list(slots), period__in=set(slots.values())
+    )
+    deciding: dict[str, JobRun] = {}
+    for run in rows:
+        if slots.get(run.job_name) != run.period:
+            continue  # another job's period, asked about for that job
+        best = deciding.get(run.job_name)
+        if best is None or _decides_over(run, best):
+            deciding[run.job_name] = run
+    return deciding
+
+
+def _decides_over(run: JobRun, other: JobRun) -> bool:
+    """Does ``run`` decide its slot rather than ``other``, as ``deciding_attempt`` orders
+    them: a success first, then the latest attempt."""
+    if (run.succeeded is not None) != (other.succeeded is not None):
+        return run.succeeded is not None
+    return run.attempt > other.attempt
+
+
 def finish(
     using: str,
     run: JobRun,

@@ -7,6 +7,7 @@ import copy
 import datetime
 import weakref
 from collections.abc import Hashable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from typing import ClassVar
@@ -117,6 +118,18 @@ class LockBackend:
         """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""
         raise NotImplementedError
 
+    def try_many(self, db_keys: list[Any]) -> list[bool]:
+        """Try each of ``db_keys`` (distinct) as an exclusive session lock, without waiting:
+        whether each was taken. The default tries them one by one; a backend whose database
+        can try them all in one statement does (a scheduler's claims, see
+        ``scheduling.claims``)."""
+        return [self.acquire(key, shared=False, timeout=0, transaction=False) for key in db_keys]
+
+    def release_many(self, db_keys: list[Any]) -> None:
+        """Release one hold of each of ``db_keys``, session locks this session holds."""
+        for key in db_keys:
+            self.release(key, shared=False)
+
     def session(self) -> object:
         """What a session lock lives as long as: the driver connection by default (the
         server drops its locks when it closes). A lock whose session changed is lost."""
@@ -194,9 +207,10 @@ class Listener:
         """Connect and start listening: notifications sent from now on are received."""
         raise NotImplementedError
 
-    def receive(self, timeout: float) -> list[str]:
+    def receive(self, timeout: float, also: Sequence[int] = ()) -> list[str]:
         """The payloads received within ``timeout`` seconds (none: an empty list, after the
-        whole wait); a ``DatabaseError`` if the connection is lost."""
+        whole wait, or sooner once a file descriptor of ``also`` is readable); a
+        ``DatabaseError`` if the connection is lost."""
         raise NotImplementedError
 
     def close(self) -> None:

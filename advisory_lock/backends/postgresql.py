@@ -55,6 +55,7 @@ import secrets
 import select
 import socket
 import weakref
+from collections.abc import Sequence
 from time import monotonic
 from typing import Any
 from typing import NoReturn
@@ -425,6 +426,18 @@ class PostgreSQLBackend(LockBackend):
                 ).encode()
             )[0]
         )
+
+    def try_many(self, db_keys: list[Any]) -> list[bool]:
+        # One statement, whatever the number of keys: each function of a select list is
+        # evaluated once, and a session lock taken stays held whatever follows. Only on a
+        # connection of its own (a claims connection refuses pooled aliases, see
+        # session_lock_problem): no client mark to guard.
+        calls = ", ".join(f"{_TRY[False]}({_args(_key_ints(key))})" for key in db_keys)
+        return [bool(taken) for taken in self._run(f"SELECT {calls}".encode())]
+
+    def release_many(self, db_keys: list[Any]) -> None:
+        calls = ", ".join(f"{_UNLOCK[False]}({_args(_key_ints(key))})" for key in db_keys)
+        self._run(f"SELECT {calls}".encode())
 
     def transaction_aborted(self) -> bool:
         raw = self.connection.connection
@@ -858,12 +871,15 @@ class PostgreSQLListener(Listener):
         raw.autocommit = True  # LISTEN takes effect when its transaction commits
         raw.execute(f'LISTEN "{self.channel}"')
 
-    def receive(self, timeout: float) -> list[str]:
+    def receive(self, timeout: float, also: Sequence[int] = ()) -> list[str]:
         raw = self.connection.connection
         pgconn = raw.pgconn
         try:
             payloads = _notifications(pgconn)
-            if not payloads and select.select([raw.fileno()], [], [], timeout)[0]:
+            if (
+                not payloads
+                and raw.fileno() in select.select([raw.fileno(), *also], [], [], timeout)[0]
+            ):
                 pgconn.consume_input()  # an error if the server closed the connection
                 payloads = _notifications(pgconn)
         except errors.Error as error:
@@ -986,6 +1002,10 @@ def _begin(raw: Any) -> bytes | None:
     if raw.isolation_level is None and raw.read_only is None and raw.deferrable is None:
         return b"BEGIN"
     return None
+
+
+def _key_ints(db_key: Any) -> tuple[int, ...]:
+    return db_key if type(db_key) is tuple else (db_key,)
 
 
 def _args(values: tuple[int, ...]) -> str:

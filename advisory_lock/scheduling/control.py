@@ -30,6 +30,7 @@ from django.db import models
 from django.db import transaction
 from django.db.models import Exists
 from django.db.models import OuterRef
+from django.db.models import Subquery
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
@@ -154,8 +155,43 @@ def pauses(using: str, job_name: str, since: datetime.datetime) -> list[Pause]:
     stored = to_field(since)
     before = switches.filter(requested_at__lte=stored).order_by("-requested_at", "-pk").first()
     later = switches.filter(requested_at__gt=stored).order_by("requested_at", "pk")
-    spans: list[Pause] = []
     paused_since = since if before is not None and before.action == Action.PAUSE else None
+    return _spans(paused_since, list(later))
+
+
+def pauses_of(
+    using: str, job_names: list[str], since: datetime.datetime
+) -> dict[str, list[Pause]]:
+    """``pauses()`` of each job of ``job_names`` from ``since`` on, in two statements: the
+    last switch of each at or before ``since`` (a subquery per job), and the later ones."""
+    switches = JobControl.objects.using(using).filter(
+        job_name__in=job_names, action__in=_PAUSE_OR_RESUME
+    )
+    stored = to_field(since)
+    last_before = (
+        JobControl.objects.using(using)
+        .filter(
+            job_name=OuterRef("job_name"), action__in=_PAUSE_OR_RESUME, requested_at__lte=stored
+        )
+        .order_by("-requested_at", "-pk")
+        .values("pk")[:1]
+    )
+    paused_at_since = set(
+        switches.filter(pk=Subquery(last_before), action=Action.PAUSE).values_list(
+            "job_name", flat=True
+        )
+    )
+    later: dict[str, list[JobControl]] = {}
+    for switch in switches.filter(requested_at__gt=stored).order_by("requested_at", "pk"):
+        later.setdefault(switch.job_name, []).append(switch)
+    spans: dict[str, list[Pause]] = {}
+    for name in paused_at_since | set(later):
+        spans[name] = _spans(since if name in paused_at_since else None, later.get(name, []))
+    return spans
+
+
+def _spans(paused_since: datetime.datetime | None, later: list[JobControl]) -> list[Pause]:
+    spans: list[Pause] = []
     for switch in later:
         if switch.action == Action.PAUSE and paused_since is None:
             paused_since = from_field(switch.requested_at)

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
+import select
+from collections.abc import Sequence
 from time import monotonic
 
 from django.db import connections
@@ -132,19 +133,20 @@ class Listening:
         caller hears requests at once, and polls only as a fallback."""
         return self.listener is not None and self.hears
 
-    def wait(self, seconds: float) -> list[str]:
+    def wait(self, seconds: float, also: Sequence[int] = ()) -> list[str]:
         """Wait at most ``seconds`` for notifications, and return their payloads (``kind:job
         name``, or ``LISTENING`` once a new listening connection has heard its test);
-        without a listener, sleep ``seconds`` and return none."""
+        without a listener, wait ``seconds`` and return none. Either wait ends sooner once
+        a file descriptor of ``also`` is readable (a scheduler's workers' answers)."""
         listener = self.listener
         if listener is None:
             if not self._open():
-                time.sleep(seconds)
+                select.select(also, [], [], seconds)
                 return []
             listener = self.listener
             assert listener is not None
         try:
-            payloads = listener.receive(seconds)
+            payloads = listener.receive(seconds, also)
         except Exception as error:  # the connection is lost: poll until a new one is up
             self.close()
             self._failed(error)

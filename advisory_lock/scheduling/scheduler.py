@@ -44,16 +44,15 @@ import contextlib
 import datetime
 import logging
 import math
-import multiprocessing
-import os
+import random
+import select
 import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
+from typing import NamedTuple
 
 from django.db import connections
 from django.db import utils
@@ -65,17 +64,17 @@ from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import abandon_orphans
 from advisory_lock.ledger import claimed_by_process
-from advisory_lock.ledger import deciding_attempt
+from advisory_lock.ledger import deciding_attempts
 from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
-from advisory_lock.ledger import is_orphaned
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
-from advisory_lock.scheduling.control import REQUEST_EXPIRES
+from advisory_lock.scheduling.claims import Claims
+from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
-from advisory_lock.scheduling.control import pauses
+from advisory_lock.scheduling.control import pauses_of
 from advisory_lock.scheduling.control import pending_requests
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import Heartbeat
@@ -83,11 +82,16 @@ from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import Listening
+from advisory_lock.scheduling.workers import DEFAULT_WORKERS
+from advisory_lock.scheduling.workers import FAILED
+from advisory_lock.scheduling.workers import SKIPPED
+from advisory_lock.scheduling.workers import SUCCEEDED
+from advisory_lock.scheduling.workers import Pool
+from advisory_lock.scheduling.workers import Run
+from advisory_lock.scheduling.workers import Worker
 
 logger = logging.getLogger("advisory_lock")
 Status = JobRun.Status
-#: Exit status of a child that did not run: the entry's lock was busy, or the slot taken.
-SKIPPED = 3
 #: What the scheduler says, with why, of a dead run whose failure it could not write.
 UNRECORDED = "not recorded in the ledger"
 _LOOP = 0.2  # seconds between two looks at the clock while idle
@@ -106,14 +110,22 @@ _LOCK_FREED_AFTER_DEATH = 30.0
 
 @dataclass
 class Child:
-    """A job process: the entry and slot it runs, and when it started."""
+    """A run going on here: the worker that runs it, and what it runs."""
 
-    entry: Entry
-    slot: str
-    process: BaseProcess
-    pipe: int  # the write end of the pipe the child watches: closed, it kills itself
-    started: float
-    stopped_because: str = ""
+    worker: Worker
+    run: Run
+
+    @property
+    def entry(self) -> Entry:
+        return self.run.entry
+
+    @property
+    def slot(self) -> str:
+        return self.run.slot
+
+    @property
+    def process(self) -> BaseProcess:
+        return self.worker.process
 
 
 @dataclass
@@ -126,6 +138,15 @@ class Death:
     said_waiting: bool = False
 
 
+class Due(NamedTuple):
+    """A slot of an entry that may run now: its name in the ledger, when it fell due, and
+    whether it is the entry's most recent due slot (only that one is retried)."""
+
+    slot: str
+    at: datetime.datetime
+    latest: bool
+
+
 class Scheduler:
     """Runs the due slots of ``entries`` on the ledger of the database ``using``."""
 
@@ -136,10 +157,22 @@ class Scheduler:
         using: str = "default",
         stop_grace: float = 30,
         poll_interval: float = POLL_INTERVAL,
+        workers: int = DEFAULT_WORKERS,
         say: Callable[[str], None] = print,
     ) -> None:
         self.entries = entries
         self.using = using
+        self.pool = Pool(max(1, min(workers, len(entries))), entries, using)
+        self.claims = Claims(using)
+        self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
+        # The due slots whose claim another scheduler held at our try: not tried again
+        # until the next sweep (that scheduler runs them, and its retries; a sweep finds
+        # what a dead one left).
+        self._elsewhere: set[tuple[str, str]] = set()
+        # This scheduler's order of the entries: schedulers share a boundary's due slots,
+        # each trying the others' last (no two start from the same entry).
+        self._order = list(entries)
+        random.shuffle(self._order)
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
         self.say = say
@@ -185,6 +218,7 @@ class Scheduler:
         next_sweep = 0.0
         polled_at = followed_at = -math.inf  # the interval may shorten (deaf): looked at each pass
         try:
+            self.pool.fill()
             while not self.stopping:
                 # Every database access of a pass is in here: the outage guard.
                 try:
@@ -201,6 +235,7 @@ class Scheduler:
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
                     self.start_due()
+                    self.pool.fill()  # in place of workers that died (a fork each)
                 except Exception as error:
                     if not is_outage(error):
                         raise
@@ -223,16 +258,24 @@ class Scheduler:
     def run_once(self) -> int:
         """Run what is due now, wait for it, and return the exit status (1 if a run failed).
         First, record how the tasks that earlier runs enqueued have ended, as far as their
-        queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late)."""
+        queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late).
+        A slot whose entry another scheduler has claimed is left to it."""
         self.follow_tasks()
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
+        self.pool.fill()
         while any(pending.values()) or self.children:
-            for name, slots in pending.items():
-                if slots and not self.busy(name):
-                    self.start(self.entries[name], slots.pop(0))
+            ready = [name for name, slots in pending.items() if slots and not self.busy(name)]
+            free = len(self.pool.idle())
+            for name in self.claims.claim(ready[:free]) if ready and free else []:
+                self.start(self.entries[name], pending[name].pop(0))
+            for name in ready[:free]:
+                if name not in self.children:
+                    pending[name] = []  # claimed elsewhere: that scheduler runs it
+            self._wait_for_workers(_LOOP / 4)
             self.reap()
-            time.sleep(_LOOP / 4)
         self._record_deaths_before_exit()
+        self.pool.stop()
+        self.claims.close()
         return 1 if self.failed else 0
 
     def sweep(self) -> None:
@@ -246,6 +289,7 @@ class Scheduler:
         alive = {(child.entry.name, child.slot) for child in self.children.values()}
         abandon_orphans(self.using, self.entries.keys(), alive)
         self.heartbeat.forget_the_dead(self.now())
+        self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
 
     def _poll_interval(self) -> float:
         """``poll_interval``, but at most ``POLL_INTERVAL`` (1 s) while the database announces
@@ -288,14 +332,18 @@ class Scheduler:
         pass then looks for requests at once)."""
         until = time.monotonic() + seconds
         while not self.stopping and (left := until - time.monotonic()) > 0:
+            answers = self.pool.answers()
             if self._outage_since is None:
-                heard = self.listening.wait(min(left, _LOOP / 2))
+                heard = self.listening.wait(min(left, _LOOP / 2), answers)
             else:  # no listening either: the database is tried at the outage's pace only
-                time.sleep(min(left, _LOOP / 2))
+                self._wait_for_workers(min(left, _LOOP / 2))
                 heard = []
-            self._collect()
-            if self._heard(heard):
-                return
+            if self._collect() or self._heard(heard):
+                return  # a run ended (its worker is free for a due slot), or a request
+
+    def _wait_for_workers(self, seconds: float) -> None:
+        """Sleep until a worker answers, at most ``seconds``."""
+        select.select(self.pool.answers(), [], [], seconds)
 
     def _heard(self, payloads: list[str]) -> bool:
         """True, and requests to be looked for at once, if a notification concerns us: a
@@ -319,6 +367,8 @@ class Scheduler:
                 connection.close()
         # Listened to again once the database is back; the outage explains a lost listener.
         self.listening.close()
+        # The claims go with their connection (the runs going on keep their entries' locks).
+        self.claims.close()
         self.listening.forget_failure()
         if self._outage_since is None:
             self._outage_since = time.monotonic()
@@ -345,29 +395,59 @@ class Scheduler:
         )
 
     def start_due(self) -> None:
-        """Start a due slot of each entry that has no run going here; a signal stops the
-        pass (no new runs), and the heartbeat is kept up meanwhile."""
+        """Give due slots to this scheduler's free workers, each once its entry is claimed
+        here: per batch, one statement for the claims, one for the ledger's word on the
+        claimed slots, one for their pauses. A slot whose entry another scheduler claimed is
+        left to it (see ``_elsewhere``). A signal stops the pass (no new runs), and the
+        heartbeat is kept up meanwhile."""
+        free = len(self.pool.idle())
+        if not free or self.stopping:
+            return
         now = self.now()
-        for name, entry in self.entries.items():
-            if self.stopping:
-                return
-            if self.busy(name):
+        candidates: dict[str, Due] = {}  # per entry with no run going here: its next slot
+        for name in self._order:
+            if self.busy(name) or name in self.claims.held:
                 continue  # one run of an entry at a time
-            slots = self.due_slots(entry, now)
-            if slots:
-                self.start(entry, slots[0])
-                self.beat_if_due()
+            for due in self._candidates(self.entries[name], now):
+                if (name, due.slot) not in self._settled and (
+                    name,
+                    due.slot,
+                ) not in self._elsewhere:
+                    candidates[name] = due
+                    break
+        while candidates and free and not self.stopping:
+            batch = list(candidates)[:free]
+            claimed = set(self.claims.claim(batch))
+            chosen = {}
+            for name in batch:
+                due = candidates.pop(name)
+                if name in claimed:
+                    chosen[name] = due
+                else:
+                    self._elsewhere.add((name, due.slot))
+            wanted = self._wanted(chosen)
+            self.claims.release(name for name in chosen if name not in wanted)
+            for name, due in wanted.items():
+                self.start(self.entries[name], due.slot)
+                free -= 1
+            self.beat_if_due()
 
     def start_requested(self) -> None:
-        """Start the pending run-now requests of the entries that have no run going here."""
+        """Start the pending run-now requests of the entries that have no run going here,
+        each once its entry is claimed here (a request of an entry claimed elsewhere waits
+        for the next look)."""
         idle = [name for name in self.entries if not self.busy(name)]
-        if not idle:
+        free = len(self.pool.idle())
+        if not idle or not free:
             return
+        requests: dict[str, JobControl] = {}
         for request in pending_requests(self.using, idle, self.now()):
-            if self.stopping:
-                return
-            if not self.busy(request.job_name):
-                self.start(self.entries[request.job_name], request.slot, manual=True)
+            requests.setdefault(request.job_name, request)
+        names = list(requests)[:free]
+        if not names or self.stopping:
+            return
+        for name in self.claims.claim(names):
+            self.start(self.entries[name], requests[name].slot, manual=True)
 
     def follow_tasks(self) -> None:
         """Record the end of the enqueued slots whose task has ended, as their queue tells
@@ -457,36 +537,46 @@ class Scheduler:
 
     def due_slots(self, entry: Entry, now: datetime.datetime) -> list[str]:
         """The slots of ``entry`` to run now, oldest first, by its ``catch_up``."""
+        return [
+            due.slot for due in self._candidates(entry, now) if self._wanted({entry.name: due})
+        ]
+
+    def _candidates(self, entry: Entry, now: datetime.datetime) -> list[Due]:
+        """The slots of ``entry`` that may run now, oldest first, by its ``catch_up``: no
+        statement, but for ``"all"`` (its missed slots). Which of them do run is the
+        ledger's word (``_wanted``)."""
         latest = next(entry.slots_before(now), None)
         if latest is None:
             return []
         if entry.catch_up == "none" and (now - latest).total_seconds() >= entry.interval:
-            candidates = []
-        elif entry.catch_up == "all":
-            candidates = self._missed(entry, latest)
-        else:
-            candidates = [latest]
-        latest_name = entry.slot_name(latest)
-        wanted = [
-            (name, slot)
-            for name, slot in ((entry.slot_name(slot), slot) for slot in candidates)
-            if self._wants_run(entry, name, latest=name == latest_name)
-        ]
-        if not wanted:
             return []
+        slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
+        return [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+
+    def _wanted(self, slots: dict[str, Due]) -> dict[str, Due]:
+        """Of ``slots`` (one per entry), those to run now, by the ledger and the pauses: two
+        statements for them all (three with a pause). The others are settled, or left for a
+        later look."""
+        deciding = deciding_attempts(self.using, {name: due.slot for name, due in slots.items()})
+        wanted = {
+            name: due
+            for name, due in slots.items()
+            if self._wants_run(self.entries[name], due, deciding.get(name))
+        }
+        if not wanted:
+            return {}
         # A slot that fell due while the entry was paused never runs, even after the resume.
         # It is settled only once the pause is over: a resume is stamped with the database's
         # clock before it commits, so one that commits after this look may still say that
         # the slot fell due after it (it then runs, a moment late).
-        spans = pauses(self.using, entry.name, min(slot for _, slot in wanted))
-        slots = []
-        for name, slot in wanted:
-            covering = [span for span in spans if span.covers(slot)]
-            if not covering:
-                slots.append(name)
-            elif all(span.until is not None for span in covering):
-                self._settled.add((entry.name, name))
-        return slots
+        spans = pauses_of(self.using, list(wanted), min(due.at for due in wanted.values()))
+        for name, due in list(wanted.items()):
+            covering = [span for span in spans.get(name, []) if span.covers(due.at)]
+            if covering:
+                del wanted[name]
+                if all(span.until is not None for span in covering):
+                    self._settled.add((name, due.slot))
+        return wanted
 
     def _missed(self, entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:
         """The slots up to ``latest`` that have no run, oldest first: at most MAX_CATCH_UP,
@@ -505,28 +595,23 @@ class Scheduler:
         missed = [slot for name, slot in names.items() if name not in seen][:MAX_CATCH_UP]
         return sorted(missed)
 
-    def _wants_run(self, entry: Entry, slot: str, *, latest: bool) -> bool:
-        if (entry.name, slot) in self._settled:
-            return False
-        last = deciding_attempt(
-            JobRun.objects.using(self.using).filter(job_name=entry.name, period=slot)
-        )
+    def _wants_run(self, entry: Entry, due: Due, last: JobRun | None) -> bool:
+        """Does ``due`` run now, given its deciding attempt ``last``?"""
         if last is None:
             return True
         if last.status == Status.SUCCEEDED:
-            self._settled.add((entry.name, slot))
+            self._settled.add((entry.name, due.slot))
             return False
-        if last.status == Status.RUNNING:
-            # Running elsewhere, unless its lock is free (its owner died): then a child's
-            # claim marks it abandoned and runs the slot again.
-            return latest and last.attempt <= entry.retries and is_orphaned(self.using, last, None)
-        if last.status == Status.ENQUEUED:
-            # Its task is in its queue (a claim would find the slot taken). Not settled: a
-            # task that fails leaves the slot to its retries.
+        if last.status in (Status.RUNNING, Status.ENQUEUED):
+            # Running elsewhere, or its task in its queue (a claim would find the slot
+            # taken): looked at again after the next sweep, which marks the run abandoned
+            # if its lock is free (its owner died). Not settled: a task that fails, or an
+            # abandoned run, leaves the slot to its retries.
+            self._elsewhere.add((entry.name, due.slot))
             return False
-        if latest and last.attempt <= entry.retries:
+        if due.latest and last.attempt <= entry.retries:
             return True  # failed or abandoned: run it again while it is the latest
-        self._settled.add((entry.name, slot))
+        self._settled.add((entry.name, due.slot))
         return False
 
     # Children.
@@ -541,64 +626,74 @@ class Scheduler:
         )
 
     def start(self, entry: Entry, slot: str, *, manual: bool = False) -> None:
-        """Run ``entry``'s ``slot`` in a child process. A ``manual`` (run-now) slot's process
-        waits for the entry's lock, and makes one attempt."""
-        # The child must not share this process's database sockets: close them first (they
-        # reopen on use), and keep this process free of threads while it forks.
-        connections.close_all()
-        read_end, write_end = os.pipe()
-        context = multiprocessing.get_context("fork")
-        process = context.Process(
-            target=_child,
-            args=(entry, slot, self.using, read_end, write_end, manual),
-            name=entry.name,
-        )
-        process.start()
-        os.close(read_end)
-        self.children[entry.name] = Child(entry, slot, process, write_end, time.monotonic())
-        self.say(f"run_jobs: {entry.name} [{slot}] started (pid {process.pid}).")
+        """Give ``entry``'s ``slot``, whose entry is claimed here, to a free worker. A
+        ``manual`` (run-now) slot's run waits for the entry's lock, and makes one attempt."""
+        worker = self.pool.idle()[0]
+        run = Run(entry, slot, manual, time.monotonic())
+        worker.give(run)
+        self.children[entry.name] = Child(worker, run)
+        self.say(f"run_jobs: {entry.name} [{slot}] started (pid {worker.pid}).")
 
     def reap(self) -> None:
-        """Record the runs that ended; stop those past their timeout."""
+        """Record the runs that ended; stop those past their timeout; release the claims of
+        the entries done with (one statement)."""
         self._collect()
         self._record_deaths()
+        unclaim, self._unclaim = self._unclaim, []
+        self.claims.release(unclaim)
 
-    def _collect(self) -> None:
-        """Join the children that ended and say how; stop those past their timeout. No
-        database access: the runs whose process died are recorded by ``_record_deaths``."""
+    def _collect(self) -> bool:
+        """Take the answers of the workers whose run ended, and say how; stop the runs past
+        their timeout (their worker). True if a run ended. No database access: the runs
+        whose worker died are recorded by ``_record_deaths``, and the claims of the entries
+        done with are released by ``reap``."""
+        ended = False
         for name, child in list(self.children.items()):
-            process = child.process
-            timeout = child.entry.timeout
-            if process.is_alive():
-                if timeout is not None and time.monotonic() - child.started > timeout:
-                    self.kill(child, f"stopped after its timeout of {timeout:g}s")
-                continue
-            process.join()
-            os.close(child.pipe)
+            worker = child.worker
+            status = worker.answer()
+            died = status is None
+            if died:
+                if worker.process.is_alive():
+                    timeout = child.entry.timeout
+                    if timeout is not None and time.monotonic() - child.run.started > timeout:
+                        self.kill(child, f"stopped after its timeout of {timeout:g}s")
+                    continue
+                worker.process.join()
+                status = worker.process.exitcode
+                self.pool.remove(worker)  # a new worker takes its place (``Pool.fill``)
+            else:
+                worker.run = None
+                self._unclaim.append(name)  # else once its death is recorded
             del self.children[name]
-            self._ended(child, process.exitcode)
+            ended = True
+            self._ended(child, status, died=died)
+        return ended
 
     def kill(self, child: Child, because: str) -> None:
-        child.stopped_because = because
-        child.process.kill()  # SIGKILL: its connections die, and the database frees its lock
+        child.run.stopped_because = because
+        # SIGKILL: the worker's connections die with it, and the database frees its lock.
+        child.process.kill()
         child.process.join()
 
-    def _ended(self, child: Child, exitcode: int | None) -> None:
+    def _ended(self, child: Child, status: int | None, *, died: bool) -> None:
         run = f"{child.entry.name} [{child.slot}]"
         # A request for the entry heard while this run went on was left for now: look again.
         self._poll_now = True
-        if exitcode == 0:
+        if not died and status == SUCCEEDED:
             # A task entry's run ends when its task does (follow_tasks() says how).
             self.say(f"run_jobs: {run} {'enqueued' if child.entry.task else 'succeeded'}.")
             return
-        if exitcode == SKIPPED:
-            self.say(f"run_jobs: {run} skipped (running elsewhere, or done).")
+        if not died and status == SKIPPED:
+            # Claimed here, but its lock busy (a holder outside the schedulers) or its slot
+            # ended elsewhere between the ledger's word and the claim: not ours to log.
+            logger.debug("run_jobs: %s skipped (running elsewhere, or done).", run)
             return
         self.failed += 1
-        if exitcode == 1:
+        if not died and status == FAILED:
+            self._settled.discard((child.entry.name, child.slot))  # retried while the latest
             self.say(f"run_jobs: {run} failed.")
-            return  # the child recorded it
-        how = child.stopped_because or f"its process died (exit status {exitcode})"
+            return  # the worker recorded it
+        how = child.run.stopped_because or f"its process died (exit status {status})"
         self._deaths.append(Death(child, how, time.monotonic()))
 
     def _record_deaths(self) -> None:
@@ -621,6 +716,7 @@ class Scheduler:
                     self.say(f"run_jobs: {run} died ({how}); its lock is not free yet.")
                 continue
             self._deaths.remove(death)
+            self._unclaim.append(name)  # its end recorded (or left to a sweep)
             if marked:
                 unrecorded = ""
             elif claimed:
@@ -651,13 +747,14 @@ class Scheduler:
         the runs whose process died are left ``running`` under a free lock: the sweep of
         the next scheduler that reaches the database marks them abandoned."""
         deadline = time.monotonic() + self.stop_grace
-        while self.children and time.monotonic() < deadline:
-            self._collect()
-            time.sleep(_LOOP / 4)
-        for child in list(self.children.values()):
-            self.kill(child, "stopped with the scheduler")
-        self._collect()
         try:
+            while self.children and time.monotonic() < deadline:
+                self._wait_for_workers(_LOOP / 4)
+                self._collect()
+            for child in list(self.children.values()):
+                self.kill(child, "stopped with the scheduler")
+            self._collect()
+            self.pool.stop()
             self._record_deaths_before_exit()
         except Exception as error:
             if not is_outage(error):
@@ -669,6 +766,9 @@ class Scheduler:
                     f"mark it abandoned)"
                 )
             self._deaths.clear()
+        finally:
+            self.pool.stop()
+            self.claims.close()
 
     # Listing.
 
@@ -736,57 +836,3 @@ def _says_outage(error: BaseException) -> bool | None:
         return None  # Django's wrapper: the driver's error says which
     # The driver's own error: its backend knows which of its codes mean "out of reach".
     return driver_error_is_outage(error)
-
-
-def _child(
-    entry: Entry, slot: str, using: str, read_end: int, write_end: int, manual: bool
-) -> None:
-    """The job process: dies with its scheduler; takes the entry's lock, claims the slot, runs
-    the job, records its end; exits 0 (succeeded), 1 (failed) or SKIPPED."""
-    from advisory_lock.single_instance import GuardedRun
-
-    os.close(write_end)
-
-    def die_with_the_scheduler() -> None:
-        while os.read(read_end, 1):  # nothing is ever written: this returns at EOF
-            pass
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=die_with_the_scheduler, daemon=True).start()
-    # The scheduler alone stops a job (SIGKILL, after its timeout or its --stop-grace): a
-    # SIGTERM or SIGINT sent to the scheduler's whole process group or cgroup (a terminal's
-    # Ctrl-C, systemd) must not cut the grace short. Its own process group, too.
-    os.setpgid(0, 0)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-    run = GuardedRun(
-        entry.lock_key(),
-        using=using,
-        label=entry.name,
-        period=lambda _now: slot,
-        # A run-now slot waits for a run of the entry going on elsewhere (its request is
-        # pending until its slot has an attempt, an hour at most), and is attempted once.
-        wait=REQUEST_EXPIRES.total_seconds() if manual else 0,
-        retry_failed=not manual,
-        max_attempts=1 if manual else 1 + entry.retries,  # counted in the ledger: fleet-wide
-        atomic=entry.atomic,
-    )
-    if not run.start():
-        logger.info("%s", run.skipped)
-        _exit(SKIPPED)
-    try:
-        done = entry.target()()
-        if entry.task is not None:
-            run.enqueued_task_id = done  # the slot's row says which task is its run
-    except BaseException as exc:
-        run.end(exc)
-        logger.error("%s [%s] failed: %r", entry.name, slot, exc)
-        _exit(1)
-    run.end(None)
-    _exit(0)
-
-
-def _exit(status: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)

@@ -35,6 +35,7 @@ from typing import TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
 from advisory_lock.async_locks import _Hop
@@ -115,6 +116,7 @@ class GuardedRun:
         owns_process: bool = False,
         atomic: bool = False,
         exit_after_loss: bool = False,
+        lock_connection: BaseDatabaseWrapper | None = None,
     ) -> None:
         if check_flag("atomic", atomic) and period is None:
             raise ValueError(
@@ -129,6 +131,9 @@ class GuardedRun:
         self.exit_after_loss = exit_after_loss
         self.using = using
         self.label = label
+        #: The connection to take the lock on, kept by the caller from one run to the next
+        #: (a scheduler's worker); None: a new one, closed at the end.
+        self.lock_connection = lock_connection
         self.wait = wait
         self.heartbeat = check_heartbeat(heartbeat)
         self.on_lost = on_lost
@@ -176,7 +181,9 @@ class GuardedRun:
 
         if self.atomic:
             _check_not_in_atomic(direct_alias(check_alias(self.using)), self.label)
-        lock = self._held = DedicatedLock(self.key, using=self.using, label=self.label)
+        lock = self._held = DedicatedLock(
+            self.key, using=self.using, label=self.label, connection=self.lock_connection
+        )
         try:
             if not lock.acquire(self.wait):
                 self.skipped = lock.busy_message()  # it closes the lock's connection

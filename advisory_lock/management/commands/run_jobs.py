@@ -26,9 +26,11 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.scheduler import Scheduler
 from advisory_lock.scheduling.scheduler import is_outage
+from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 from advisory_lock.validation import seconds_argument
+from advisory_lock.validation import whole_number_argument
 
 
 class Command(BaseCommand):
@@ -86,6 +88,16 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="On SIGTERM, let running jobs finish for this long, then stop them (30).",
         )
+        parser.add_argument(
+            "--workers",
+            type=whole_number_argument(256),
+            default=DEFAULT_WORKERS,
+            metavar="N",
+            help=(
+                f"How many job processes to keep ready (default {DEFAULT_WORKERS}, at most one "
+                "per entry): forked once, each runs one slot at a time."
+            ),
+        )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="The ledger's alias.")
         parser.add_argument(
             "--poll-interval",
@@ -129,6 +141,7 @@ class Command(BaseCommand):
             using=options["database"],
             stop_grace=options["stop_grace"],
             poll_interval=options["poll_interval"],
+            workers=options["workers"],
             say=self.stdout.write,
         )
         try:

@@ -42,6 +42,8 @@ def main() -> None:
     django.setup()
 
     from advisory_lock.schedule import _entry
+    from advisory_lock.ledger import deciding_attempts
+    from advisory_lock.scheduling.scheduler import Due
     from advisory_lock.scheduling.scheduler import Scheduler
 
     said: list[str] = []
@@ -52,9 +54,13 @@ def main() -> None:
         options = json.loads(options)
         entry = _entry(options.pop("name"), options)
         scheduler.entries = {entry.name: entry}
+        scheduler._order = [entry.name]
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
+        scheduler._elsewhere.clear()
         if verb == "decide":
-            say("decided", wants=scheduler._wants_run(entry, slot, latest=True))
+            due = Due(slot, scheduler.now(), latest=True)
+            last = deciding_attempts(args.using, {entry.name: slot}).get(entry.name)
+            say("decided", wants=scheduler._wants_run(entry, due, last))
             continue
         if verb == "pass":
             said.clear()
@@ -71,6 +77,7 @@ def main() -> None:
             say("reaped", said=said)
             continue
         said.clear()
+        scheduler.pool.fill()
         scheduler.start(entry, slot)
         while scheduler.children:
             scheduler.reap()

@@ -162,7 +162,7 @@ class Scheduler:
     ) -> None:
         self.entries = entries
         self.using = using
-        self.pool = Pool(max(1, min(workers, len(entries))), entries, using)
+        self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
         # The due slots whose claim another scheduler held at our try: not tried again
@@ -400,6 +400,7 @@ class Scheduler:
         claimed slots, one for their pauses. A slot whose entry another scheduler claimed is
         left to it (see ``_elsewhere``). A signal stops the pass (no new runs), and the
         heartbeat is kept up meanwhile."""
+        self.pool.fill()
         free = len(self.pool.idle())
         if not free or self.stopping:
             return

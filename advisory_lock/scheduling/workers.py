@@ -75,7 +75,7 @@ class Worker:
 
     def give(self, run: Run) -> None:
         self.run = run
-        self.jobs.send((run.entry.name, run.slot, run.manual))
+        self.jobs.send((run.entry, run.slot, run.manual))
 
     def answer(self) -> int | None:
         """The exit status of the worker's run if it has answered, without waiting."""
@@ -94,11 +94,11 @@ class Worker:
 
 
 class Pool:
-    """``size`` workers running ``entries``' slots on the database ``using``."""
+    """``size`` workers running slots on the database ``using``; each run names its entry
+    (sent whole: a worker needs no schedule of its own)."""
 
-    def __init__(self, size: int, entries: dict[str, Entry], using: str) -> None:
+    def __init__(self, size: int, using: str) -> None:
         self.size = size
-        self.entries = entries
         self.using = using
         self.workers: list[Worker] = []
 
@@ -144,7 +144,7 @@ class Pool:
         context = multiprocessing.get_context("fork")
         process = context.Process(
             target=_serve,
-            args=(self.entries, self.using, theirs, read_end, write_end, ours, siblings),
+            args=(self.using, theirs, read_end, write_end, ours, siblings),
             name="run_jobs worker",
         )
         process.start()
@@ -154,7 +154,6 @@ class Pool:
 
 
 def _serve(
-    entries: dict[str, Entry],
     using: str,
     jobs: Connection,
     read_end: int,
@@ -185,10 +184,10 @@ def _serve(
     lock_connection = dedicated_connection(direct_alias(using), "run_jobs worker")
     while True:
         try:
-            name, slot, manual = jobs.recv()
+            entry, slot, manual = jobs.recv()
         except (EOFError, OSError):
             _exit(0)
-        status = run_slot(entries[name], slot, using, manual, lock_connection)
+        status = run_slot(entry, slot, using, manual, lock_connection)
         if status == FAILED:
             connections.close_all()  # the next run starts on fresh connections
         sys.stdout.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from time import monotonic
 from typing import TypeVar
@@ -21,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from advisory_lock import metrics
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
+from advisory_lock.backends.base import LockBackend
 from advisory_lock.conf import get_setting
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import NotSupportedError
@@ -41,6 +43,12 @@ def direct_alias(alias: str) -> str:
     """The alias that reaches ``alias``'s database without a pooler (``DIRECT_ALIAS``)."""
     direct: str = get_setting("DIRECT_ALIAS").get(alias, alias)
     return direct
+
+
+#: The lock backend of each kept connection (see ``DedicatedLock``).
+_kept_backends: weakref.WeakKeyDictionary[BaseDatabaseWrapper, LockBackend] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def dedicated_connection(using: str, label: str) -> BaseDatabaseWrapper:
@@ -83,7 +91,14 @@ class DedicatedLock:
         self.kept = connection is not None
         self._trouble = False
         self.connection = connection or dedicated_connection(self.using, label)
-        self.backend = backend_for(self.connection)
+        # A kept connection keeps its backend too: what the backend knows of its session
+        # (its server pid, the statements it prepared there) stays true from lock to lock.
+        backend = _kept_backends.get(self.connection) if self.kept else None
+        if backend is None:
+            backend = backend_for(self.connection)
+            if self.kept:
+                _kept_backends[self.connection] = backend
+        self.backend = backend
         if problem := self.backend.session_lock_problem():
             raise NotSupportedError(problem)
         self.db_key = self.backend.db_key(self.key)

@@ -732,6 +732,10 @@ def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
         with table_checked(using):
             return func()
 
+    if timeout is None and transaction.get_autocommit(using=using):
+        # The caller's connection is in autocommit (outside any atomic block): each write
+        # commits at once there too, and no connection is opened for it.
+        return checked()
     return on_own_connection(checked, timeout=timeout)
 
 

@@ -16,6 +16,11 @@ import time
 from pathlib import Path
 
 
+def nothing() -> None:
+    """A run that does nothing, not even read its row: what tests/test_scheduler_costs.py
+    counts is what the schedulers themselves cost a slot."""
+
+
 def tick() -> None:
     """A short run (0.2 s): long enough for two runs of one slot to overlap, if they could."""
     _run(0.2)

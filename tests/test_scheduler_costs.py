@@ -249,3 +249,98 @@ def test_an_idle_schedulers_statements_and_connections_do_not_grow_with_its_entr
     assert many.connections <= few.connections <= CONNECTIONS[using], report
     assert many_rate <= few_rate + NOISE, report
     assert many_rate <= STATEMENTS_A_SECOND[using], report
+
+
+# Busy: a fleet of 1 against 3 schedulers, on the same due slots.
+
+#: The budget of a due slot, fleet-wide, whatever the number of schedulers (docs/scheduler.md):
+#: statements (the idle share included) and new connections.
+STATEMENTS_A_SLOT = 15.0
+CONNECTIONS_A_SLOT = 0.5
+#: Entries due every BUSY_EVERY seconds, run by fleets whose schedulers have BUSY_WORKERS
+#: workers each.
+BUSY_ENTRIES = 12
+BUSY_EVERY = 2
+BUSY_WORKERS = 2
+#: The two runs of each fleet: until this many slots have succeeded. What the longer run
+#: costs more than the shorter, per slot more, is the fleet's cost of a slot: the start-up
+#: of the schedulers and of their workers' connections, and their stop, cancel out.
+SHORT, LONG = BUSY_ENTRIES, 4 * BUSY_ENTRIES
+#: What 3 schedulers may cost a slot more than 1, statements and connections: another
+#: scheduler's share of the heartbeats and clock reads over the longer run's few more
+#: seconds, and a worker that ran its first slot in only one of the two runs (its two
+#: connections), never a cost of each slot.
+SLOT_NOISE = Counts(statements=1, connections=0)
+
+
+def busy_schedule() -> dict:
+    return {
+        f"busy{n:02}": {"callable": f"{JOBS}.nothing", "every": BUSY_EVERY}
+        for n in range(BUSY_ENTRIES)
+    }
+
+
+def busy_cost(schedulers, counter, ledger, fleet: int, slots: int) -> tuple[Counts, int]:
+    """(what a fleet of ``fleet`` schedulers made, in statements and new connections, until
+    ``slots`` slots had succeeded (said by the schedulers); the slots run)."""
+    ledger.all().delete()
+    counter.quiet()
+    before = counter.read()
+    env = {"ADVISORY_LOCK_TEST_HEARTBEAT": str(DEFAULTS["SCHEDULER_HEARTBEAT"])}
+    if counter.user is not None:
+        env["ADVISORY_LOCK_TEST_DB_USER"] = counter.user
+    processes = [
+        schedulers.start(busy_schedule(), "--workers", str(BUSY_WORKERS), env=env)
+        for _ in range(fleet)
+    ]
+
+    def succeeded() -> bool:
+        # The schedulers' own words, not the ledger: the test's reads must not be counted.
+        outputs = (schedulers.folder / f"run_jobs.{p.number}.out" for p in processes)
+        return sum(path.read_text().count("] succeeded.") for path in outputs) >= slots
+
+    wait_for(succeeded, f"{slots} slots to succeed")
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        status, out, err = schedulers.finish(process, timeout=HANG)
+        assert status == 0, out + err
+        assert "skipped" not in out, out  # a slot is said once, by the scheduler that ran it
+    counter.quiet()
+    after = counter.read()
+    run = ledger.values_list("job_name", "period").distinct().count()
+    assert not ledger.exclude(status="succeeded").exists(), list(ledger.values())
+    spent = Counts(after.statements - before.statements, after.connections - before.connections)
+    return spent, run
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_due_slot_costs_the_fleet_the_same_whatever_the_number_of_schedulers(
+    using,
+    ledger,
+    heartbeats,  # noqa: F811 (the fixture)
+    schedulers,
+    counter,
+):
+    per_slot = {}
+    lines = []
+    for fleet in (1, 3):
+        short, short_slots = busy_cost(schedulers, counter, ledger, fleet, SHORT)
+        long, long_slots = busy_cost(schedulers, counter, ledger, fleet, LONG)
+        more = long_slots - short_slots
+        per_slot[fleet] = Counts(
+            (long.statements - short.statements) / more,
+            (long.connections - short.connections) / more,
+        )
+        lines.append(
+            f"{fleet} scheduler(s): {short} for {short_slots} slots, {long} for {long_slots}: "
+            f"{per_slot[fleet]} a slot"
+        )
+    report = "\n".join(lines)
+    print(report)
+    one, three = per_slot[1], per_slot[3]
+    assert three.statements <= one.statements + SLOT_NOISE.statements, report
+    assert three.connections <= one.connections + SLOT_NOISE.connections, report
+    for cost in (one, three):
+        assert cost.statements <= STATEMENTS_A_SLOT, report
+        assert cost.connections <= CONNECTIONS_A_SLOT, report

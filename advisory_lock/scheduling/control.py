@@ -30,6 +30,7 @@ from django.db import models
 from django.db import transaction
 from django.db.models import Exists
 from django.db.models import OuterRef
+from django.db.models import Q
 from django.db.models import Subquery
 
 from advisory_lock.backends import inspector_for
@@ -162,7 +163,7 @@ def pauses(using: str, job_name: str, since: datetime.datetime) -> list[Pause]:
 def pauses_of(
     using: str, job_names: list[str], since: datetime.datetime
 ) -> dict[str, list[Pause]]:
-    """``pauses()`` of each job of ``job_names`` from ``since`` on, in two statements: the
+    """``pauses()`` of each job of ``job_names`` from ``since`` on, in one statement: the
     last switch of each at or before ``since`` (a subquery per job), and the later ones."""
     switches = JobControl.objects.using(using).filter(
         job_name__in=job_names, action__in=_PAUSE_OR_RESUME
@@ -176,14 +177,15 @@ def pauses_of(
         .order_by("-requested_at", "-pk")
         .values("pk")[:1]
     )
-    paused_at_since = set(
-        switches.filter(pk=Subquery(last_before), action=Action.PAUSE).values_list(
-            "job_name", flat=True
-        )
-    )
+    paused_at_since: set[str] = set()
     later: dict[str, list[JobControl]] = {}
-    for switch in switches.filter(requested_at__gt=stored).order_by("requested_at", "pk"):
-        later.setdefault(switch.job_name, []).append(switch)
+    for switch in switches.filter(
+        Q(requested_at__gt=stored) | Q(pk=Subquery(last_before))
+    ).order_by("requested_at", "pk"):
+        if switch.requested_at > stored:
+            later.setdefault(switch.job_name, []).append(switch)
+        elif switch.action == Action.PAUSE:
+            paused_at_since.add(switch.job_name)
     spans: dict[str, list[Pause]] = {}
     for name in paused_at_since | set(later):
         spans[name] = _spans(since if name in paused_at_since else None, later.get(name, []))

@@ -165,6 +165,12 @@ class Scheduler:
         self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
+        self._released_at = 0.0  # time.monotonic() of the last release of claims
+        # Slots claimed here, the ledger's word taken, waiting for a free worker.
+        self._ready: dict[str, Due] = {}
+        # Entries with a run here when a request for them was heard: a look for requests
+        # once it ends (the request waited for it).
+        self._asked: set[str] = set()
         # The due slots whose claim another scheduler held at our try: not tried again
         # until the next sweep (that scheduler runs them, and its retries; a sweep finds
         # what a dead one left).
@@ -354,6 +360,8 @@ class Scheduler:
             kind, _, name = payload.partition(":")
             if payload == LISTENING or (kind == CONTROL and name in self.entries):
                 self._poll_now = concerns = True
+                if name in self.children:
+                    self._asked.add(name)  # looked for again when its run here ends
         return concerns
 
     # Database outages.
@@ -369,6 +377,7 @@ class Scheduler:
         self.listening.close()
         # The claims go with their connection (the runs going on keep their entries' locks).
         self.claims.close()
+        self._ready.clear()
         self.listening.forget_failure()
         if self._outage_since is None:
             self._outage_since = time.monotonic()
@@ -396,13 +405,17 @@ class Scheduler:
 
     def start_due(self) -> None:
         """Give due slots to this scheduler's free workers, each once its entry is claimed
-        here: per batch, one statement for the claims, one for the ledger's word on the
-        claimed slots, one for their pauses. A slot whose entry another scheduler claimed is
-        left to it (see ``_elsewhere``). A signal stops the pass (no new runs), and the
-        heartbeat is kept up meanwhile."""
+        here. Claims are made ahead, up to one more slot per worker (``_ready``), so that a
+        batch serves several runs: per batch, one statement for the claims, one for the
+        ledger's word on the claimed slots, one for their pauses. A slot whose entry another
+        scheduler claimed is left to it (see ``_elsewhere``). A signal stops the pass (no new
+        runs), and the heartbeat is kept up meanwhile."""
         self.pool.fill()
-        free = len(self.pool.idle())
-        if not free or self.stopping:
+        if self.stopping:
+            return
+        self._start_ready()
+        wanted = 2 * self.pool.size - len(self.children) - len(self._ready)
+        if wanted <= 0:
             return
         now = self.now()
         candidates: dict[str, Due] = {}  # per entry with no run going here: its next slot
@@ -416,8 +429,8 @@ class Scheduler:
                 ) not in self._elsewhere:
                     candidates[name] = due
                     break
-        while candidates and free and not self.stopping:
-            batch = list(candidates)[:free]
+        while candidates and wanted > 0 and not self.stopping:
+            batch = list(candidates)[:wanted]
             claimed = set(self.claims.claim(batch))
             chosen = {}
             for name in batch:
@@ -426,12 +439,18 @@ class Scheduler:
                     chosen[name] = due
                 else:
                     self._elsewhere.add((name, due.slot))
-            wanted = self._wanted(chosen)
-            self.claims.release(name for name in chosen if name not in wanted)
-            for name, due in wanted.items():
-                self.start(self.entries[name], due.slot)
-                free -= 1
+            ready = self._wanted(chosen)
+            self.claims.release(name for name in chosen if name not in ready)
+            self._ready.update(ready)
+            wanted -= len(ready)
+            self._start_ready()
             self.beat_if_due()
+
+    def _start_ready(self) -> None:
+        """Give the claimed slots waiting here to the free workers, oldest claim first."""
+        while self._ready and self.pool.idle() and not self.stopping:
+            name = next(iter(self._ready))
+            self.start(self.entries[name], self._ready.pop(name).slot)
 
     def start_requested(self) -> None:
         """Start the pending run-now requests of the entries that have no run going here,
@@ -640,8 +659,17 @@ class Scheduler:
         the entries done with (one statement)."""
         self._collect()
         self._record_deaths()
-        unclaim, self._unclaim = self._unclaim, []
-        self.claims.release(unclaim)
+        # Released together, at most once a loop while runs go on here: an entry whose run
+        # has ended is done with for now (a retry is this scheduler's), and another
+        # scheduler that tries its claim meanwhile leaves its slot to us.
+        if self._unclaim and (
+            not self.children
+            or len(self._unclaim) >= self.pool.size
+            or time.monotonic() >= self._released_at + _LOOP
+        ):
+            unclaim, self._unclaim = self._unclaim, []
+            self.claims.release(unclaim)
+            self._released_at = time.monotonic()
 
     def _collect(self) -> bool:
         """Take the answers of the workers whose run ended, and say how; stop the runs past
@@ -677,17 +705,23 @@ class Scheduler:
         child.process.join()
 
     def _ended(self, child: Child, status: int | None, *, died: bool) -> None:
-        run = f"{child.entry.name} [{child.slot}]"
-        # A request for the entry heard while this run went on was left for now: look again.
-        self._poll_now = True
+        name = child.entry.name
+        run = f"{name} [{child.slot}]"
+        if name in self._asked:
+            # A request for the entry heard while this run went on was left for now.
+            self._asked.discard(name)
+            self._poll_now = True
         if not died and status == SUCCEEDED:
             # A task entry's run ends when its task does (follow_tasks() says how).
             self.say(f"run_jobs: {run} {'enqueued' if child.entry.task else 'succeeded'}.")
+            done = self._elsewhere if child.entry.task or child.run.manual else self._settled
+            done.add((name, child.slot))
             return
         if not died and status == SKIPPED:
             # Claimed here, but its lock busy (a holder outside the schedulers) or its slot
             # ended elsewhere between the ledger's word and the claim: not ours to log.
             logger.debug("run_jobs: %s skipped (running elsewhere, or done).", run)
+            self._elsewhere.add((name, child.slot))
             return
         self.failed += 1
         if not died and status == FAILED:

@@ -61,8 +61,8 @@ def idle_schedule(size: int) -> dict:
 
 @dataclasses.dataclass
 class Counts:
-    statements: int
-    connections: int
+    statements: float
+    connections: float
 
 
 class PostgresCounter:
@@ -265,12 +265,12 @@ BUSY_WORKERS = 2
 #: The two runs of each fleet: until this many slots have succeeded. What the longer run
 #: costs more than the shorter, per slot more, is the fleet's cost of a slot: the start-up
 #: of the schedulers and of their workers' connections, and their stop, cancel out.
-SHORT, LONG = BUSY_ENTRIES, 4 * BUSY_ENTRIES
-#: What 3 schedulers may cost a slot more than 1, statements and connections: another
-#: scheduler's share of the heartbeats and clock reads over the longer run's few more
-#: seconds, and a worker that ran its first slot in only one of the two runs (its two
-#: connections), never a cost of each slot.
-SLOT_NOISE = Counts(statements=1, connections=0)
+SHORT, LONG = 2 * BUSY_ENTRIES, 6 * BUSY_ENTRIES
+#: What 3 schedulers may cost a slot more than 1, statements and connections: each further
+#: scheduler's own looks at a boundary (its claims, the ledger's word, the pauses, the
+#: release: about 4 statements for the boundary's 12 slots) and its heartbeats over the
+#: boundary's 2 s, about 0.4 a slot each; never a statement or a connection for each slot.
+SLOT_NOISE = Counts(statements=1.5, connections=0)
 
 
 def busy_schedule() -> dict:

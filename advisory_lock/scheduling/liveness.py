@@ -125,9 +125,12 @@ class Heartbeat:
         SchedulerHeartbeat.objects.using(self.using).filter(last_seen__lt=to_field(old)).delete()
 
 
-def live_schedulers(using: str) -> list[SchedulerHeartbeat]:
-    """The schedulers seen within ``live_within()``, the latest seen first."""
-    since = _now(using) - live_within()
+def live_schedulers(
+    using: str, server_now: datetime.datetime | None = None
+) -> list[SchedulerHeartbeat]:
+    """The schedulers seen within ``live_within()``, the latest seen first; ``server_now``:
+    the database server's clock, if the caller knows it (else it is read)."""
+    since = (server_now or _now(using)) - live_within()
     return list(SchedulerHeartbeat.objects.using(using).filter(last_seen__gte=to_field(since)))
 
 

@@ -48,6 +48,7 @@ import random
 import select
 import signal
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -79,6 +80,7 @@ from advisory_lock.scheduling.control import pending_requests
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import Heartbeat
 from advisory_lock.scheduling.liveness import heartbeat_interval
+from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import Listening
@@ -175,10 +177,11 @@ class Scheduler:
         # until the next sweep (that scheduler runs them, and its retries; a sweep finds
         # what a dead one left).
         self._elsewhere: set[tuple[str, str]] = set()
-        # This scheduler's order of the entries: schedulers share a boundary's due slots,
-        # each trying the others' last (no two start from the same entry).
+        # This scheduler's order of the entries (see ``share``).
         self._order = list(entries)
         random.shuffle(self._order)
+        self._own = set(entries)  # until ``share`` has seen the fleet: all are
+        self._shares_left = 2  # heartbeats at which to share again before once a minute
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
         self.say = say
@@ -322,10 +325,30 @@ class Scheduler:
         looks dead. The server's clock is read again first if it was last read ``_SWEEP``
         seconds ago or more (see ``now``)."""
         if time.monotonic() >= self._next_beat:
-            if self._clock is None or time.monotonic() - self._clock[1] >= _SWEEP:
+            reread = self._clock is None or time.monotonic() - self._clock[1] >= _SWEEP
+            if reread:
                 self.read_clock()
             self.heartbeat.beat(self.now())
             self._next_beat = time.monotonic() + self.heartbeat_interval
+            if reread or self._shares_left:
+                self._shares_left = max(0, self._shares_left - 1)
+                self.share()
+
+    def share(self) -> None:
+        """Order the entries so that the live schedulers share a boundary's due slots: each
+        tries first the entries that fall to it (a stable hash of the name, modulo the
+        number of live schedulers, against its rank among them), then the others', each part
+        shuffled. A claim then rarely finds its entry taken. One statement; at the first
+        heartbeats (the fleet may be starting), then once a minute."""
+        live = sorted(row.pk for row in live_schedulers(self.using, self.now()))
+        mine = self.heartbeat.row.pk if self.heartbeat.row is not None else None
+        rank, size = (live.index(mine), len(live)) if mine in live else (0, 1)
+        own = [name for name in self.entries if zlib.crc32(name.encode()) % size == rank]
+        others = [name for name in self.entries if zlib.crc32(name.encode()) % size != rank]
+        random.shuffle(own)
+        random.shuffle(others)
+        self._order = own + others
+        self._own = set(own)
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -430,7 +453,11 @@ class Scheduler:
                     candidates[name] = due
                     break
         while candidates and wanted > 0 and not self.stopping:
-            batch = list(candidates)[:wanted]
+            # Its own entries (``share``) as many as its workers can take; then the others'
+            # all in one statement: most are taken by their own schedulers (one statement
+            # says so for all), and those that are not (theirs busy, or dead) wait here.
+            names = list(candidates)
+            batch = names[:wanted] if names[0] in self._own else names
             claimed = set(self.claims.claim(batch))
             chosen = {}
             for name in batch:
@@ -439,6 +466,8 @@ class Scheduler:
                     chosen[name] = due
                 else:
                     self._elsewhere.add((name, due.slot))
+                    if name in self._own:
+                        self._shares_left = max(self._shares_left, 1)  # the fleet changed
             ready = self._wanted(chosen)
             self.claims.release(name for name in chosen if name not in ready)
             self._ready.update(ready)

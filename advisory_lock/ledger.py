@@ -25,6 +25,7 @@ writes, so that its success commits with them or not at all.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import os
@@ -732,10 +733,6 @@ def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
         with table_checked(using):
             return func()
 
-    if timeout is None and transaction.get_autocommit(using=using):
-        # The caller's connection is in autocommit (outside any atomic block): each write
-        # commits at once there too, and no connection is opened for it.
-        return checked()
     return on_own_connection(checked, timeout=timeout)
 
 
@@ -787,9 +784,49 @@ def _app_tables() -> list[str]:
     )
 
 
+#: The thread that runs the ledger's writes when a process keeps one (see
+#: ``keep_ledger_connection``), and the connections it opened with it.
+_kept: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def keep_ledger_connection() -> None:
+    """From now on, run this process's ledger writes in one thread that keeps its
+    connections, instead of a new thread (and so a new connection) for each: for a process
+    that runs job after job (a scheduler's worker). The thread's connections are its own,
+    as a short-lived thread's are, and hold no lock; they are closed after a write that
+    failed, and reopen at the next."""
+    global _kept
+    if _kept is None:
+        _kept = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="advisory_lock-ledger")
+
+
+def _on_kept_connection(
+    kept: concurrent.futures.ThreadPoolExecutor, func: Callable[[], T], timeout: float | None
+) -> T:
+    def target() -> T:
+        try:
+            return func()
+        except BaseException:
+            connections.close_all()  # the next write starts on fresh connections
+            raise
+
+    future = kept.submit(target)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        # The thread waits on a silent database: left to it, and a new one for what follows.
+        global _kept
+        _kept = None
+        keep_ledger_connection()
+        raise TimeoutError(f"the database did not answer within {timeout:g}s") from None
+
+
 def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
     """Run ``func`` in a short-lived thread: Django gives a thread connections of its own,
-    in autocommit, so what it writes commits at once whatever transaction the caller is in."""
+    in autocommit, so what it writes commits at once whatever transaction the caller is in.
+    (In a process that keeps its ledger connection, in that one thread instead.)"""
+    if _kept is not None:
+        return _on_kept_connection(_kept, func, timeout)
     outcome: dict[str, Any] = {}
 
     def target() -> None:

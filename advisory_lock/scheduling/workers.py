@@ -4,8 +4,9 @@ A worker is forked from its scheduler when the scheduler starts (Django is set u
 start-up per run), and runs the slots its scheduler gives it, one after the other, each as a
 ``GuardedRun`` (the entry's lock, the ledger's claim of the slot, the recorded end) exactly
 as a process of its own would. It keeps its connections from one run to the next: Django's
-(closed after a failed run, so that the next starts clean) and the one it takes entries'
-locks on (closed only after trouble: see ``DedicatedLock``).
+(closed after a failed run, so that the next starts clean), the ledger's (one thread's, see
+``keep_ledger_connection``) and the one it takes entries' locks on (closed only after
+trouble: see ``DedicatedLock``).
 
 Runs stay isolated: a run past its timeout, or a worker killed from outside, ends that
 worker only (SIGKILL: its connections die with it, and the server frees its lock); the
@@ -33,6 +34,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
+from advisory_lock.ledger import keep_ledger_connection
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import REQUEST_EXPIRES
 from advisory_lock.single_instance.guarded import GuardedRun
@@ -182,6 +184,7 @@ def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
     lock_connection = dedicated_connection(direct_alias(using), "run_jobs worker")
+    keep_ledger_connection()  # the ledger's writes on one kept connection, not one each
     while True:
         try:
             entry, slot, manual = jobs.recv()

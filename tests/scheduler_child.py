@@ -8,10 +8,10 @@ command per line on stdin, each naming a SCHEDULE entry as JSON (its name includ
 * ``decide SLOT ENTRY``: does this scheduler want to run the entry's SLOT (the test that
   ``run_jobs`` makes before it starts a run: ``Scheduler._wants_run``, for the latest due
   slot)? Says ``decided`` with ``wants``.
-* ``run SLOT ENTRY``: run SLOT as ``run_jobs`` does (``Scheduler.start``: a forked job
-  process that takes the entry's lock and claims the slot), wait for the job process to end
-  and say ``ended`` with what the scheduler said of it (``succeeded``, ``failed``,
-  ``skipped``).
+* ``run SLOT ENTRY``: run SLOT as ``run_jobs`` does (``Scheduler.start``: one of its
+  workers takes the entry's lock and claims the slot), wait for the run to end and say
+  ``ended`` with its outcome (``succeeded``, ``failed``, or ``skipped``: a run that did not
+  go ahead, of which the scheduler says nothing).
 * ``pass - ENTRY``: one pass over the due slots, as ``run_jobs`` makes it
   (``Scheduler.start_due``), without waiting for what it started. Says ``passed`` with what
   the scheduler said (``said``, a list) and the job processes running (``running``, pids).
@@ -82,10 +82,13 @@ def main() -> None:
         while scheduler.children:
             scheduler.reap()
             time.sleep(0.01)  # polling the job process, as run_jobs does; orders nothing
+        # A skipped run is not said (only the scheduler that runs a slot speaks of it): the
+        # run said neither how it ended, nor started.
         outcome = next(
-            word for word in ("succeeded", "skipped", "failed") for line in said if word in line
+            (word for word in ("succeeded", "failed") for line in said if word in line),
+            "skipped",
         )
-        say("ended", outcome=outcome, said=said[-1])
+        say("ended", outcome=outcome, said=said[-1] if said else "")
 
 
 if __name__ == "__main__":

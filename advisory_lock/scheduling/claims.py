@@ -21,6 +21,7 @@ slot taken, and skip.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Hashable
 from collections.abc import Iterable
 
@@ -30,8 +31,9 @@ from advisory_lock.backends import backend_for
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
-from advisory_lock.exceptions import NotSupportedError
 from advisory_lock.keys import make_key
+
+logger = logging.getLogger("advisory_lock")
 
 #: At most this many claims are tried in one statement.
 BATCH = 100
@@ -52,6 +54,7 @@ class Claims:
         self._connection: BaseDatabaseWrapper | None = None
         self._backend: LockBackend | None = None
         self._keys: dict[str, Hashable] = {}
+        self._unsupported = False
 
     def claim(self, job_names: Iterable[str]) -> list[str]:
         """Try the claims of ``job_names`` (one statement per ``BATCH``): the names whose
@@ -59,6 +62,8 @@ class Claims:
         wanted = [name for name in dict.fromkeys(job_names) if name not in self.held]
         taken: list[str] = []
         backend = self._backend_for_claims()
+        if backend is None:
+            return wanted  # no claims here: each slot's run finds out (see _backend_for_claims)
         for start in range(0, len(wanted), BATCH):
             batch = wanted[start : start + BATCH]
             got = backend.try_many([self._key(backend, name) for name in batch])
@@ -73,6 +78,8 @@ class Claims:
             return
         backend = self._backend_for_claims()
         self.held.difference_update(names)
+        if backend is None:
+            return
         for start in range(0, len(names), BATCH):
             batch = names[start : start + BATCH]
             backend.release_many([self._key(backend, name) for name in batch])
@@ -85,13 +92,19 @@ class Claims:
             with contextlib.suppress(Exception):  # a broken connection may fail to close
                 connection.close()
 
-    def _backend_for_claims(self) -> LockBackend:
-        if self._backend is None:
-            self._connection = dedicated_connection(self.using, "run_jobs claims")
-            backend = backend_for(self._connection)
+    def _backend_for_claims(self) -> LockBackend | None:
+        """The claims' backend; None where session locks can't be held (an alias behind a
+        transaction-mode pooler, without a ``DIRECT_ALIAS``): every claim is then granted,
+        and each slot's run finds out, as it would anyway (its entry's lock is refused
+        there too: the run fails, saying why). Said once."""
+        if self._backend is None and not self._unsupported:
+            connection = dedicated_connection(self.using, "run_jobs claims")
+            backend = backend_for(connection)
             if problem := backend.session_lock_problem():
-                raise NotSupportedError(problem)
-            self._backend = backend
+                self._unsupported = True
+                logger.warning("run_jobs: no claims, each scheduler tries each slot: %s", problem)
+                return None
+            self._connection, self._backend = connection, backend
         return self._backend
 
     def _key(self, backend: LockBackend, job_name: str) -> Hashable:

@@ -10,8 +10,7 @@ command per line on stdin, each naming a SCHEDULE entry as JSON (its name includ
   slot)? Says ``decided`` with ``wants``.
 * ``run SLOT ENTRY``: run SLOT as ``run_jobs`` does (``Scheduler.start``: one of its
   workers takes the entry's lock and claims the slot), wait for the run to end and say
-  ``ended`` with its outcome (``succeeded``, ``failed``, or ``skipped``: a run that did not
-  go ahead, of which the scheduler says nothing).
+  ``ended`` with what the scheduler said of it (``succeeded``, ``failed``, ``skipped``).
 * ``pass - ENTRY``: one pass over the due slots, as ``run_jobs`` makes it
   (``Scheduler.start_due``), without waiting for what it started. Says ``passed`` with what
   the scheduler said (``said``, a list) and the job processes running (``running``, pids).
@@ -41,8 +40,8 @@ def main() -> None:
     args = parser.parse_args()
     django.setup()
 
-    from advisory_lock.schedule import _entry
     from advisory_lock.ledger import deciding_attempts
+    from advisory_lock.schedule import _entry
     from advisory_lock.scheduling.scheduler import Due
     from advisory_lock.scheduling.scheduler import Scheduler
 
@@ -82,13 +81,10 @@ def main() -> None:
         while scheduler.children:
             scheduler.reap()
             time.sleep(0.01)  # polling the job process, as run_jobs does; orders nothing
-        # A skipped run is not said (only the scheduler that runs a slot speaks of it): the
-        # run said neither how it ended, nor started.
         outcome = next(
-            (word for word in ("succeeded", "failed") for line in said if word in line),
-            "skipped",
+            word for word in ("succeeded", "skipped", "failed") for line in said if word in line
         )
-        say("ended", outcome=outcome, said=said[-1] if said else "")
+        say("ended", outcome=outcome, said=said[-1])
 
 
 if __name__ == "__main__":

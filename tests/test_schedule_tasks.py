@@ -22,6 +22,7 @@ import datetime
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,22 +174,36 @@ def state_of(pid: int) -> str:
         return ""
 
 
-def kill_between_slots(scheduler: subprocess.Popen) -> None:
-    """SIGKILL ``scheduler`` (and its process group) at a moment it has no live job process.
+def kill_between_slots(schedulers: Schedulers, scheduler: subprocess.Popen) -> None:
+    """SIGKILL ``scheduler`` (and its workers) at a moment none of its workers runs a slot.
     The look and the kill are one step: the scheduler is stopped (SIGSTOP) while the test
-    looks for its children, so it can't fork one in between; with a child, it goes on
-    (SIGCONT) and the test looks again."""
+    reads what it said, so it can't give a worker a run in between; a slot it said started
+    and not yet ended (succeeded, enqueued, failed, skipped: said once its worker answered)
+    may be running, and then it goes on (SIGCONT) and the test looks again. Its workers are
+    processes of their own group (they ignore the scheduler's signals): killed by pid."""
+    out = schedulers.folder / f"run_jobs.{scheduler.number}.out"
 
-    def stopped_without_children() -> bool:
+    def stopped_between_runs() -> bool:
         os.kill(scheduler.pid, signal.SIGSTOP)
         wait_for(lambda: state_of(scheduler.pid) in ("T", "t"), "the scheduler stopped")
-        if children_of(scheduler.pid):
+        said = out.read_text()
+        started = len(re.findall(r"^run_jobs: .* started \(pid \d+\)\.$", said, re.M))
+        ended = len(RUN_ENDED.findall(said))
+        if started != ended:
             os.kill(scheduler.pid, signal.SIGCONT)
             return False
         return True
 
-    wait_for(stopped_without_children, "the scheduler between two slots")
+    wait_for(stopped_between_runs, "the scheduler between two slots")
+    workers = children_of(scheduler.pid)
     kill_group(scheduler)  # SIGKILL ends a stopped process too
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+#: A run's end as its scheduler says it (a task's end, said later, is not one).
+RUN_ENDED = re.compile(r"^run_jobs: \S+ \[[^\]]+\] (succeeded\.|enqueued\.|skipped |failed)", re.M)
 
 
 def stop(schedulers: Schedulers, fleet: list[subprocess.Popen]) -> str:
@@ -488,7 +503,7 @@ def test_three_schedulers_enqueue_each_slot_once_on_celery_through_sigkills(
         killed = fleet.pop(0)
         # Between two of its slots: its job process, were it killed between the broker's
         # "accepted" and the row's update, would leave a task without a mark (docs).
-        kill_between_slots(killed)
+        kill_between_slots(schedulers, killed)
         wait_for(lambda: with_task.count() >= SLOTS, f"{SLOTS} slots enqueued")
         set_paused(using, name, True, "test")
         paused_entries.append(name)

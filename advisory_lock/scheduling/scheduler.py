@@ -747,9 +747,9 @@ class Scheduler:
             done.add((name, child.slot))
             return
         if not died and status == SKIPPED:
-            # Claimed here, but its lock busy (a holder outside the schedulers) or its slot
-            # ended elsewhere between the ledger's word and the claim: not ours to log.
-            logger.debug("run_jobs: %s skipped (running elsewhere, or done).", run)
+            # Claimed here, and yet its lock busy (a holder outside the schedulers, or the
+            # claims lost in an outage) or its slot taken: rare, and said, since its start was.
+            self.say(f"run_jobs: {run} skipped (running elsewhere, or done).")
             self._elsewhere.add((name, child.slot))
             return
         self.failed += 1

@@ -800,6 +800,13 @@ def keep_ledger_connection() -> None:
         _kept = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="advisory_lock-ledger")
 
 
+def close_kept_connection() -> None:
+    """Close the connections of the thread that runs this process's ledger writes, if it
+    keeps them (they reopen at the next write)."""
+    if _kept is not None:
+        _kept.submit(connections.close_all).result()
+
+
 def _on_kept_connection(
     kept: concurrent.futures.ThreadPoolExecutor, func: Callable[[], T], timeout: float | None
 ) -> T:

@@ -6,7 +6,8 @@ start-up per run), and runs the slots its scheduler gives it, one after the othe
 as a process of its own would. It keeps its connections from one run to the next: Django's
 (closed after a failed run, so that the next starts clean), the ledger's (one thread's, see
 ``keep_ledger_connection``) and the one it takes entries' locks on (closed only after
-trouble: see ``DedicatedLock``).
+trouble: see ``DedicatedLock``); all three are closed once it has waited ``IDLE_CLOSE``
+seconds for a run, so that an idle fleet holds only its schedulers' connections.
 
 Runs stay isolated: a run past its timeout, or a worker killed from outside, ends that
 worker only (SIGKILL: its connections die with it, and the server frees its lock); the
@@ -34,6 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
+from advisory_lock.ledger import close_kept_connection
 from advisory_lock.ledger import keep_ledger_connection
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import REQUEST_EXPIRES
@@ -49,6 +51,8 @@ FAILED = 1
 SKIPPED = 3
 #: How many workers a scheduler forks when ``run_jobs --workers`` does not say.
 DEFAULT_WORKERS = 4
+#: Seconds a worker waits for its next run before it closes its connections.
+IDLE_CLOSE = 60.0
 
 
 @dataclass
@@ -187,6 +191,12 @@ def _serve(
     keep_ledger_connection()  # the ledger's writes on one kept connection, not one each
     while True:
         try:
+            if not jobs.poll(IDLE_CLOSE):
+                # Idle for a while: its connections go, so that an idle fleet holds only its
+                # schedulers' (they reopen at the next run).
+                connections.close_all()
+                close_kept_connection()
+                lock_connection.close()
             entry, slot, manual = jobs.recv()
         except (EOFError, OSError):
             _exit(0)

@@ -1,12 +1,14 @@
 """The scheduler behind ``manage.py run_jobs``: safe to run on every instance of a fleet.
 
 Every scheduler computes the due slots of every entry from the database server's clock (so
-skewed hosts agree) and runs each in a child process. The child takes the entry's lock on a
-connection of its own and claims the slot in the ledger (``GuardedRun``): whatever the number
-of schedulers, a slot succeeds at most once. A child that dies (a crash, SIGKILL, a timeout)
-leaves its row ``running`` under a free lock; the scheduler records it ``failed``. A child
-never outlives its scheduler: it watches a pipe whose other end only the scheduler holds, and
-kills itself when that pipe closes, so a retry can never overlap an orphan.
+skewed hosts agree). Of those, it starts the ones whose entry it claims (``claims``: one
+scheduler of the fleet gets each claim, and the schedulers share a boundary's slots, see
+``share``), and gives each to one of its workers (``workers``: job processes forked once).
+The worker takes the entry's lock on a connection of its own and claims the slot in the
+ledger (``GuardedRun``): whatever the number of schedulers, a slot succeeds at most once. A
+worker that dies (a crash, SIGKILL, a timeout) leaves its row ``running`` under a free lock;
+the scheduler records it ``failed`` and forks another worker. A worker never outlives its
+scheduler (see ``workers``), so a retry can never overlap an orphan.
 
 Which due slots run (``catch_up``): ``"latest"`` runs the most recent due slot; ``"all"``
 runs each slot that fell due with no run, oldest first (at most 100 a pass), but none from
@@ -20,7 +22,7 @@ and a slot that fell due while it was paused never runs (it is ``paused``, not m
 poll interval (``POLL_INTERVAL``, 1 s) a scheduler starts the pending run-now requests of its
 entries, each as a slot of its own (``manual:<time>``) whose job process waits for the
 entry's lock: a run of the entry going on elsewhere finishes first, and the ledger's claim
-lets one scheduler's process run it.
+lets one scheduler's worker run it.
 
 Idle, a scheduler costs the database next to nothing, whatever the number of its entries
 (docs/scheduler.md, "What a scheduler costs"): one connection, kept; the server's clock read

@@ -58,20 +58,14 @@ from typing import Any
 from typing import NamedTuple
 
 from django.db import connections
-from django.db import utils
-from django.utils.module_loading import import_string
 
-from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import abandon_orphans
 from advisory_lock.ledger import claimed_by_process
 from advisory_lock.ledger import deciding_attempts
-from advisory_lock.ledger import end_enqueued
 from advisory_lock.ledger import fail_orphaned
-from advisory_lock.queues import ResultsNotStored
-from advisory_lock.queues import queue_for
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.claims import Claims
@@ -86,6 +80,8 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import Listening
+from advisory_lock.scheduling.outages import is_outage
+from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
 from advisory_lock.scheduling.workers import SKIPPED
@@ -100,7 +96,6 @@ Status = JobRun.Status
 UNRECORDED = "not recorded in the ledger"
 _LOOP = 0.2  # seconds between two looks at the clock while idle
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
-_FOLLOWED = 100  # enqueued slots of an entry asked about per poll, oldest first
 _RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
 #: The longest wait, in seconds, between two tries of a scheduler while the database is out
 #: of reach: a scheduler is back at most this long after its database.
@@ -201,12 +196,7 @@ class Scheduler:
         self._retry_in = 0.0
         self.heartbeat = Heartbeat(using)
         self.heartbeat_interval = heartbeat_interval()  # read once: ValueError if bad
-        # Task entries whose queue keeps no results: their slots stay enqueued.
-        self._no_results: set[str] = set()
-        # Per task entry, the last enqueued row asked about: the next poll goes on from it.
-        self._followed_up_to: dict[str, int] = {}
-        # The enqueued rows whose queue could not answer, said once each.
-        self._unanswered: set[int] = set()
+        self.task_ends = TaskEnds(using)
         # Notifications (PostgreSQL): operators' requests, heard at once.
         self.listening = Listening(using)
         # Look for requests at the next pass: one was announced (or may have been, unheard),
@@ -501,69 +491,8 @@ class Scheduler:
             self.start(self.entries[name], requests[name].slot, manual=True)
 
     def follow_tasks(self) -> None:
-        """Record the end of the enqueued slots whose task has ended, as their queue tells
-        (a queue that stores results); a queue that can't answer now is asked again later.
-        At most ``_FOLLOWED`` slots of an entry a poll, oldest first, each poll going on
-        from where the last one stopped: slots whose task never ends (its worker killed,
-        its result deleted) can't keep the others from being followed."""
-        followed = [
-            name
-            for name, entry in self.entries.items()
-            if entry.task is not None and name not in self._no_results
-        ]
-        if not followed:
-            return
-        # One statement for all the task entries: which have enqueued slots (usually none).
-        waiting = set(
-            JobRun.objects.using(self.using)
-            .filter(status=Status.ENQUEUED)
-            .values_list("job_name", flat=True)
-            .distinct()
-        )
-        for name in followed:
-            if name not in waiting:
-                continue
-            entry = self.entries[name]
-            assert entry.task is not None
-            enqueued = JobRun.objects.using(self.using).filter(
-                job_name=name, status=Status.ENQUEUED
-            )
-            after = self._followed_up_to.pop(name, 0)
-            runs = list(enqueued.filter(pk__gt=after).order_by("pk")[:_FOLLOWED])
-            if len(runs) == _FOLLOWED:
-                self._followed_up_to[name] = runs[-1].pk  # else from the oldest again
-            if not runs:
-                continue
-            task = import_string(entry.task)
-            queue = queue_for(task)
-            for run in runs:
-                try:
-                    outcome = queue.outcome(task, run.task_id)
-                except ResultsNotStored as why:
-                    self._no_results.add(name)
-                    logger.info("run_jobs: %s: %s; its slots stay enqueued.", name, why)
-                    break
-                except Exception as error:  # the queue's: a broker down, a result gone
-                    if run.pk not in self._unanswered:
-                        self._unanswered.add(run.pk)
-                        logger.warning(
-                            "run_jobs: %s [%s]: the queue did not say how task %s ended: "
-                            "%r (asked again later; said once)",
-                            name,
-                            run.period,
-                            run.task_id,
-                            error,
-                        )
-                    continue
-                if outcome is not None and end_enqueued(
-                    self.using,
-                    run,
-                    succeeded=outcome.succeeded,
-                    error=outcome.error,
-                    finished_at=outcome.finished_at,
-                ):
-                    ended = "succeeded" if outcome.succeeded else "failed"
-                    self.say(f"run_jobs: {name} [{run.period}] task {run.task_id} {ended}.")
+        """Record how the enqueued slots of the task entries ended (``TaskEnds``)."""
+        self.task_ends.follow(self.entries, say=self.say)
 
     def now(self) -> datetime.datetime:
         """The database server's clock, as last read (``read_clock``: at start, then once a
@@ -865,40 +794,3 @@ class Scheduler:
                 }
             )
         return rows
-
-
-# What an outage is.
-
-
-def is_outage(error: BaseException) -> bool:
-    """Does ``error`` mean that the database is out of reach (down, restarting, the network
-    cut), so that the same pass may succeed later? Django's ``InterfaceError`` and
-    ``OperationalError`` (and the drivers' own: PEP 249 names them alike), unless the
-    driver's code says that the statement itself failed (MySQL's unknown column, a statement
-    timeout); the socket's errors; and any error whose cause (``raise ... from``) is one.
-    Anything else is a bug, or a statement the database refuses: not an outage."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        verdict = _says_outage(cause)
-        if verdict is not None:
-            return verdict
-        cause = cause.__cause__
-    return False
-
-
-def _says_outage(error: BaseException) -> bool | None:
-    """True or False if ``error`` tells whether the database is out of reach; None if it
-    doesn't (its cause may)."""
-    if isinstance(error, (ConnectionError, TimeoutError)):
-        return True
-    names = {cls.__name__ for cls in type(error).__mro__}
-    if "InterfaceError" in names:
-        return True  # the connection is closed, or unusable
-    if "OperationalError" not in names:
-        return False if isinstance(error, utils.Error) else None
-    if isinstance(error, utils.OperationalError) and error.__cause__ is not None:
-        return None  # Django's wrapper: the driver's error says which
-    # The driver's own error: its backend knows which of its codes mean "out of reach".
-    return driver_error_is_outage(error)

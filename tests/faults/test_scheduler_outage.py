@@ -490,7 +490,7 @@ def outage_cases() -> list[tuple[str, Exception, bool]]:
 def test_connection_errors_are_an_outage_and_other_errors_are_not():
     from django.db import utils
 
-    from advisory_lock.scheduling.scheduler import is_outage
+    from advisory_lock.scheduling.outages import is_outage
 
     wrong = []
     for name, error, outage in outage_cases():

@@ -24,8 +24,8 @@ from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
+from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.scheduler import Scheduler
-from advisory_lock.scheduling.scheduler import is_outage
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option

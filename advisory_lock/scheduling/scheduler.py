@@ -263,6 +263,8 @@ class Scheduler:
         A slot whose entry another scheduler has claimed is left to it."""
         self.follow_tasks()
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
+        # No more workers than entries with something due (none at all: no fork).
+        self.pool.size = min(self.pool.size, sum(1 for slots in pending.values() if slots))
         self.pool.fill()
         while any(pending.values()) or self.children:
             ready = [name for name, slots in pending.items() if slots and not self.busy(name)]

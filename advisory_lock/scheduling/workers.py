@@ -112,7 +112,7 @@ class Pool:
         """Fork workers until there are ``size``. The scheduler's connections are closed
         first (they reopen on use): a worker must not share their sockets."""
         if len(self.workers) >= self.size:
-            return
+            return  # and with a size of 0, none
         connections.close_all()
         while len(self.workers) < self.size:
             self.workers.append(self._fork())

@@ -87,10 +87,13 @@ class Claims:
     def close(self) -> None:
         """Close the claims' connection: the server drops every claim held on it."""
         self.held.clear()
-        connection, self._connection, self._backend = self._connection, None, None
+        connection, self._connection = self._connection, None
+        backend, self._backend = self._backend, None
         if connection is not None:
             with contextlib.suppress(Exception):  # a broken connection may fail to close
                 connection.close()
+        if backend is not None:
+            backend.end_session()  # what the backend holds itself (SQLite's lock files)
 
     def _backend_for_claims(self) -> LockBackend | None:
         """The claims' backend; None where session locks can't be held (an alias behind a

@@ -266,11 +266,12 @@ BUSY_WORKERS = 2
 #: costs more than the shorter, per slot more, is the fleet's cost of a slot: the start-up
 #: of the schedulers and of their workers' connections, and their stop, cancel out.
 SHORT, LONG = 2 * BUSY_ENTRIES, 6 * BUSY_ENTRIES
-#: What 3 schedulers may cost a slot more than 1, statements and connections: each further
-#: scheduler's own looks at a boundary (its claims, the ledger's word, the pauses, the
-#: release: about 4 statements for the boundary's 12 slots) and its heartbeats over the
-#: boundary's 2 s, about 0.4 a slot each; never a statement or a connection for each slot.
-SLOT_NOISE = Counts(statements=1.5, connections=0)
+#: What 3 schedulers may cost a slot more than 1. Statements: the issue's allowance, one a
+#: slot for each further scheduler to learn that the slot is taken (measured: about 0.5 to
+#: 0.9 for the two, their claims, looks and heartbeats at each boundary; the code before
+#: cost 9.9 more a slot for each). Connections: those a worker opens at its first run (its
+#: ledger's, its lock's, Django's), once, if its first run came only in the longer run.
+SLOT_NOISE = Counts(statements=2 * 1.0, connections=2 * BUSY_WORKERS * 3 / (LONG - SHORT))
 
 
 def busy_schedule() -> dict:

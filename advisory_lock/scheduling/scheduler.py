@@ -267,12 +267,16 @@ class Scheduler:
         self.pool.size = min(self.pool.size, sum(1 for slots in pending.values() if slots))
         self.pool.fill()
         while any(pending.values()) or self.children:
+            # At once: an entry with more slots due (catch_up "all") claims again for each.
+            unclaim, self._unclaim = self._unclaim, []
+            self.claims.release(unclaim)
             ready = [name for name, slots in pending.items() if slots and not self.busy(name)]
-            free = len(self.pool.idle())
-            for name in self.claims.claim(ready[:free]) if ready and free else []:
-                self.start(self.entries[name], pending[name].pop(0))
-            for name in ready[:free]:
-                if name not in self.children:
+            batch = ready[: len(self.pool.idle())]
+            claimed = set(self.claims.claim(batch)) if batch else set()
+            for name in batch:
+                if name in claimed:
+                    self.start(self.entries[name], pending[name].pop(0))
+                else:
                     pending[name] = []  # claimed elsewhere: that scheduler runs it
             self._wait_for_workers(_LOOP / 4)
             self.reap()

@@ -1,9 +1,21 @@
-"""A fleet of ``run_jobs`` schedulers at scale: what it costs the database.
+"""A fleet of ``run_jobs`` schedulers at scale: what it costs the database, for two versions
+of the library side by side.
 
-    .venv/bin/python bench/scale.py [--entries 500] [--idle-schedulers 8] [--idle-seconds 90]
-                                    [--busy-schedulers 4] [--busy-minutes 2]
+    .venv/bin/python bench/scale.py [--code old=589e470,new=.] [--entries 500]
+                                    [--idle-schedulers 1,4,8,16] [--idle-seconds 60]
+                                    [--busy-schedulers 1,4,8,16] [--old-busy-schedulers N,...]
+                                    [--busy-minutes 1] [--workers N]
                                     [--poll-interval SECONDS] [--fleets 64,1000]
                                     [--only postgresql,mysql] [--verbose] [--keep]
+
+``--code LABEL=REV,...``: the versions measured, each fleet run from its own tree: ``.`` is
+this checkout's working tree as it is; any other revision is extracted (``git archive``) into
+the run's temporary folder, which is removed at the end, and its schedulers run its own
+``manage.py`` with ``PYTHONPATH`` pointing there (checked: each version imports
+``advisory_lock`` from its tree). The default compares the scheduler before issue 30's claims
+and workers (``589e470``: a process forked per due slot, a connection per entry per sweep)
+with the working tree. The versions share the servers and the machine; for each number of
+schedulers their phases run one after the other, in alternating order.
 
 Each database server is a private one, started for the run in a temporary folder on a free
 127.0.0.1 port and removed at the end: PostgreSQL with ``pg_stat_statements`` loaded, MariaDB
@@ -20,25 +32,41 @@ script's own look-ups go to another database, or happen outside the windows):
 - CPU seconds of the server's processes and of the fleet's (schedulers and job processes),
   from ``/proc``: these depend on the machine and its load (printed), the counts do not.
 
-Two phases per server, each on a fresh ledger, with real ``manage.py run_jobs`` processes:
+Two phases per server, version and number of schedulers, each on an emptied ledger, with real
+``manage.py run_jobs`` processes:
 
 - idle: ``--idle-schedulers`` schedulers on ``--entries`` entries that don't fall due
   (``cron: "0 0 1 1 *"``, ``catch_up: "none"``: no slot to look up, as for entries whose
   latest slot is done), for ``--idle-seconds`` from the moment every scheduler has finished
-  its first sweep;
-- busy: ``--busy-schedulers`` schedulers on ``--entries`` entries due every minute
-  (``cron: "* * * * *"``, a job that does nothing), for ``--busy-minutes`` whole minutes from
-  2 s before a minute boundary, once the runs of the start-up are over. Due -> start is a
-  slot's first attempt's ``started_at`` (its claim, by the database's clock) less the slot's
-  time; "job processes" are those the schedulers started for the window's slots (their
-  output), one of which runs each slot and the others skip.
+  its first sweep and the fleet has opened no connection for 3 s (PostgreSQL's listening
+  connections are opened after the first pass); a sweep a minute: a 60 s window holds about
+  one per scheduler (counted);
+- busy: ``--busy-schedulers`` schedulers (``--old-busy-schedulers`` for the version labelled
+  ``old``) on ``--entries`` entries due every minute (``cron: "* * * * *"``, a job that only
+  writes down when its body started), for ``--busy-minutes`` whole minutes from 2 s before a
+  minute boundary, once the runs of the start-up are over (no run started for 3 s, or 60 s
+  after every entry has run once: a fleet that can't keep up is never quiet). Per slot: the
+  window's statements and connections (the whole fleet's, the idle share included) over the
+  slots run in it (their first attempt claimed in it): the slots due in it, for a fleet that
+  keeps up; a fleet that falls behind runs earlier ones in it (counted apart). Due -> claim
+  is a slot's first attempt's ``started_at`` (its row in the ledger, by the database's clock)
+  less the slot's time; due -> body is the time the job's body wrote down (the same host's
+  clock) less the slot's time, a slot's row and its body paired in order per entry. "runs
+  started" are the scheduler's "started" lines for the window's slots (one per job process
+  forked, before issue 30; one per run given to a worker after); "forked" counts the
+  schedulers' child processes that were not there when the window began (the old code's job
+  processes, the new one's replaced workers).
 
-The rows for larger fleets (``--fleets``) are computed, not measured: idle, N times what a
-scheduler sends at its full rhythm (a pass every 0.2 s, a heartbeat every second, a look for
-run-now requests every poll interval, a sweep every minute: the most it sends, whatever its
-host's CPU), from the measured cost of each; busy, the line through the measured fleets
-(``--busy-schedulers 1,4``: statements/s against schedulers), or N times the per-scheduler
-rate of one fleet.
+A phase whose schedulers say on stderr that they can't do their work (the database
+unreachable, as a server out of connections makes it, a run that failed before it started, a
+traceback) is reported as failed, with their lines, and the run goes on with the next phase.
+
+The 1,000-scheduler plan (``--fleets``) is computed, not measured: idle, N times the highest
+per-scheduler rate measured idle (a version whose passes each read the server's clock, as the
+old one does, also at its full rhythm: a pass every 0.2 s, a heartbeat every second, a look
+for run-now requests every poll interval, a sweep every minute, the most it sends whatever its
+host's CPU); busy, the line through the measured fleets that kept up (statements/s against
+schedulers), or N times the per-scheduler rate of one such fleet.
 SQLite is left out: its locks and ledger are a file on one host, so a fleet of instances
 can't share it, and it has no server to count statements.
 """
@@ -75,21 +103,71 @@ DATABASE = "bench_scale"
 SETTINGS = (
     SCHEDULER_SETTINGS
     + '''
+import time
 
-def noop() -> None:
-    """The busy schedule's job: nothing."""
+
+def __getattr__(name: str) -> object:
+    """The schedule's jobs, ``job_<entry>``: each appends its entry's name and the time its
+    body started to $BENCH_SCALE_BODIES, in one write shorter than PIPE_BUF to a file opened
+    with O_APPEND (the lines of concurrent jobs never mix)."""
+    if not name.startswith("job_"):
+        raise AttributeError(name)
+    entry = name[len("job_") :]
+
+    def job() -> None:
+        line = f"{entry} {time.time():.6f}\\n".encode()
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fd = os.open(os.environ["BENCH_SCALE_BODIES"], flags, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    return job
 '''
 )
-JOB = "bench_scale_settings.noop"
+#: The versions compared when ``--code`` does not say: the scheduler before issue 30's claims
+#: and workers, and the working tree.
+CODE = "old=589e470,new=."
 #: Seconds a start-up (Django, the first sweep, the first runs) may take before giving up.
-STARTUP_TIMEOUT = 600
+STARTUP_TIMEOUT = 900
+#: An idle window starts once the fleet has opened no connection for this many seconds.
+QUIET = 3.0
 #: The measured window starts this long before a minute boundary (busy phase).
 BEFORE_BOUNDARY = 2.0
-#: The scheduler's documented rhythm (docs/scheduler.md): a look at the clock for due slots
-#: every 0.2 s while idle, a heartbeat every second, a look for run-now requests every poll
-#: interval (``--poll-interval``), a sweep for abandoned runs every minute.
+#: The old scheduler's documented rhythm: a look at the clock for due slots every 0.2 s while
+#: idle, a heartbeat every second, a look for run-now requests every poll interval
+#: (``--poll-interval``), a sweep for abandoned runs every minute.
 LOOP, BEAT, SWEEP = 0.2, 1.0, 60.0
 TICK = os.sysconf("SC_CLK_TCK")
+#: Asked of each version, in its own tree: the files of the library's and the test
+#: project's modules that its ``run_jobs`` imports (all must be the tree's: the checkout's
+#: editable install would lend a module the tree lacks), and for how long a scheduler counts
+#: as alive after its heartbeat (3 s before issue 30, 3 heartbeats after).
+ASK = """
+import sys
+from pathlib import Path
+
+import django
+
+django.setup()
+from django.core.management import load_command_class
+
+load_command_class("advisory_lock", "run_jobs")
+import advisory_lock
+
+if (Path(advisory_lock.__file__).parent / "scheduling" / "liveness.py").exists():
+    from advisory_lock.scheduling.liveness import live_within
+
+    LIVE_WITHIN = live_within()
+else:
+    from advisory_lock.liveness import LIVE_WITHIN
+print(LIVE_WITHIN.total_seconds())
+for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if name.split(".")[0] in ("advisory_lock", "testproject") and path:
+        print(path)
+"""
 
 #: Statement kinds, by the server's normalized text; the first match wins.
 KINDS = (
@@ -111,6 +189,7 @@ REFUSED = "refused, not above"
 BEATS = re.compile(r"^UPDATE\b.*\bjob_schedulers\b", re.IGNORECASE | re.DOTALL)
 SWEEPS = re.compile(r"^DELETE\b.*\bjob_schedulers\b", re.IGNORECASE | re.DOTALL)
 OUTPUT = re.compile(r"^run_jobs: (\S+) \[([^\]]+)\] (started|succeeded|skipped|failed)", re.M)
+STARTED = re.compile(r"^run_jobs: (\S+) \[([^\]]+)\] started \(pid (\d+)\)", re.M)
 
 
 def kind_of(text: str) -> str:
@@ -231,9 +310,9 @@ class Server:
         """The connection of ``sample()``."""
         raise NotImplementedError
 
-    def sample(self, connection: Any) -> tuple[int, int]:
+    def sample(self, connection: Any, live_within: float) -> tuple[int, int]:
         """The fleet's connections open now, and its schedulers alive (seen in the last
-        3 s, as ``run_jobs --check`` counts them)."""
+        ``live_within`` seconds, as the code's ``run_jobs --check`` counts them)."""
         raise NotImplementedError
 
     def lost(self, observer: Any) -> int:
@@ -383,12 +462,13 @@ class PostgreSQL(Server):
     def sampler(self) -> Any:
         return self.connect(DATABASE)  # opened before the window: not among its connections
 
-    def sample(self, connection: Any) -> tuple[int, int]:
+    def sample(self, connection: Any, live_within: float) -> tuple[int, int]:
         row = connection.execute(
             "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
             " AND pid <> pg_backend_pid()), (SELECT count(*) FROM job_schedulers"
-            f" WHERE last_seen >= statement_timestamp() - interval '3 seconds') AS {MARK}",
-            [DATABASE],
+            " WHERE last_seen >= statement_timestamp() - make_interval(secs => %s::float8))"
+            f" AS {MARK}",
+            [DATABASE, live_within],
         ).fetchone()
         return int(row[0]), int(row[1])
 
@@ -507,13 +587,13 @@ class MariaDB(Server):
     def sampler(self) -> Any:
         return self.connect(None)  # outside the fleet's database: not counted
 
-    def sample(self, connection: Any) -> tuple[int, int]:
+    def sample(self, connection: Any, live_within: float) -> tuple[int, int]:
         rows = self._rows(
             connection,
             "SELECT (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = %s), "
             f"(SELECT COUNT(*) FROM {DATABASE}.job_schedulers "
-            "WHERE last_seen >= UTC_TIMESTAMP(6) - INTERVAL 3 SECOND)",
-            (DATABASE,),
+            "WHERE last_seen >= UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND)",
+            (DATABASE, round(live_within * 1e6)),
         )
         return int(rows[0][0]), int(rows[0][1])
 
@@ -538,32 +618,115 @@ class MariaDB(Server):
 SERVERS: dict[str, type[Server]] = {"postgresql": PostgreSQL, "mysql": MariaDB}
 
 
+# The versions.
+
+
+@dataclass
+class Code:
+    """A version of the library that fleets run: its label, tree and revision."""
+
+    label: str
+    tree: Path
+    revision: str
+    #: Does its ``run_jobs`` take ``--workers``?
+    workers_option: bool = False
+    #: Seconds since its last heartbeat during which a scheduler counts as alive (its rule).
+    live_within: float = 3.0
+
+
+def git(*argv: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def codes_of(spec: str, folder: Path) -> list[Code]:
+    """The versions of ``--code``: ``.`` the working tree, any other revision extracted with
+    ``git archive`` into ``folder`` (read-only on the repository: no worktree, no index)."""
+    codes = []
+    for part in spec.split(","):
+        label, _, revision = part.partition("=")
+        if not label or not revision:
+            raise SystemExit(f"--code: {part!r} is not LABEL=REVISION")
+        if revision == ".":
+            tree, described = ROOT, f"the working tree, {library_revision()}"
+        else:
+            commit = git("rev-parse", "--verify", f"{revision}^{{commit}}")
+            tree = folder / f"code-{label}"
+            tree.mkdir()
+            archive = subprocess.Popen(
+                ["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+                stdout=subprocess.PIPE,
+            )
+            subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+            assert archive.stdout is not None
+            archive.stdout.close()
+            if archive.wait():
+                raise SystemExit(f"git archive {commit} failed")
+            described = f"commit {commit[:7]} ({git('log', '-1', '--format=%s', commit)[:60]})"
+        command = tree / "advisory_lock" / "management" / "commands" / "run_jobs.py"
+        codes.append(
+            Code(label, tree, described, workers_option="--workers" in command.read_text())
+        )
+    return codes
+
+
 # The fleet.
 
 
 class Fleet:
-    """``run_jobs`` processes on the private server, each in a session of its own."""
+    """``run_jobs`` processes of one version on the private server, each in a session of its
+    own."""
 
-    def __init__(self, server: Server, folder: Path, schedule: dict[str, Any]) -> None:
+    def __init__(
+        self, server: Server, code: Code, settings: Path, folder: Path, schedule: dict[str, Any]
+    ) -> None:
+        self.code = code
         self.folder = folder
         self.folder.mkdir()
+        self.bodies = folder / "bodies"
         self.processes: list[subprocess.Popen[bytes]] = []
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "bench_scale_settings",
-            "PYTHONPATH": f"{folder.parent}{os.pathsep}{ROOT}",
+            "PYTHONPATH": f"{settings}{os.pathsep}{code.tree}",
             "DATABASE_URL": server.url(),
             "SCHEDULE": json.dumps(schedule),
             "PYTHONUNBUFFERED": "1",
+            "BENCH_SCALE_BODIES": str(self.bodies),
         }
 
     def manage(self, *argv: str) -> None:
         subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *argv], cwd=ROOT, env=self.env, check=True
+            [sys.executable, str(self.code.tree / "manage.py"), *argv],
+            cwd=self.code.tree,
+            env=self.env,
+            check=True,
         )
 
-    def start(self, count: int, poll_interval: float | None) -> None:
+    def ask(self) -> None:
+        """Check that the version imports its ``run_jobs`` from its own tree, and learn its
+        liveness window."""
+        answer = subprocess.run(
+            [sys.executable, "-c", ASK],
+            cwd=self.code.tree,
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
+        if answer.returncode:
+            raise SystemExit(f"{self.code.label}: {answer.stderr}")
+        lines = answer.stdout.split()
+        self.code.live_within = float(lines[0])
+        tree = self.code.tree.resolve()
+        strays = [path for path in lines[1:] if not Path(path).resolve().is_relative_to(tree)]
+        if strays:
+            raise SystemExit(f"{self.code.label}: modules imported from outside {tree}: {strays}")
+
+    def start(self, count: int, poll_interval: float | None, workers: int | None) -> None:
         options = [] if poll_interval is None else ["--poll-interval", f"{poll_interval:g}"]
+        if workers is not None and self.code.workers_option:
+            options += ["--workers", str(workers)]
         for number in range(count):
             with (
                 open(self.folder / f"run_jobs.{number}.out", "wb") as out,
@@ -571,8 +734,8 @@ class Fleet:
             ):
                 self.processes.append(
                     subprocess.Popen(
-                        [sys.executable, str(ROOT / "manage.py"), "run_jobs", *options],
-                        cwd=ROOT,
+                        [sys.executable, str(self.code.tree / "manage.py"), "run_jobs", *options],
+                        cwd=self.code.tree,
                         env=self.env,
                         stdout=out,
                         stderr=err,
@@ -583,12 +746,23 @@ class Fleet:
     def pids(self) -> list[int]:
         return [process.pid for process in self.processes]
 
+    def children(self) -> set[int]:
+        """The schedulers' live child processes (job processes, workers)."""
+        parents = {str(pid) for pid in self.pids()}
+        found = set()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                fields = _stat(int(name))
+                if fields and fields[1] in parents:
+                    found.add(int(name))
+        return found
+
     def check_running(self) -> None:
         for number, process in enumerate(self.processes):
             if process.poll() is not None:
                 raise SystemExit(
-                    f"run_jobs {number} exited with status {process.returncode}:\n"
-                    f"{tail(self.folder / f'run_jobs.{number}.err')}"
+                    f"run_jobs {number} ({self.code.label}) exited with status "
+                    f"{process.returncode}:\n{tail(self.folder / f'run_jobs.{number}.err')}"
                 )
 
     def stop(self) -> None:
@@ -610,12 +784,44 @@ class Fleet:
             for number in range(len(self.processes))
         )
 
+    def errors(self) -> list[str]:
+        """The schedulers' lines on stderr (warnings, errors, tracebacks)."""
+        return [
+            f"run_jobs {number}: {line}"
+            for number in range(len(self.processes))
+            for line in (self.folder / f"run_jobs.{number}.err")
+            .read_text(errors="replace")
+            .splitlines()
+            if line.strip()
+        ]
+
+    def body_starts(self) -> dict[str, list[float]]:
+        """Per entry, the times its job's bodies started (this host's clock), in order."""
+        starts: dict[str, list[float]] = collections.defaultdict(list)
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.bodies.read_text().splitlines():
+                name, at = line.split()
+                starts[name].append(float(at))
+        for times in starts.values():
+            times.sort()
+        return starts
+
 
 def schedule(entries: int, busy: bool) -> dict[str, Any]:
     if busy:
-        return {f"busy-{i:04d}": {"callable": JOB, "cron": "* * * * *"} for i in range(entries)}
+        return {
+            f"busy-{i:04d}": {
+                "callable": f"bench_scale_settings.job_busy-{i:04d}",
+                "cron": "* * * * *",
+            }
+            for i in range(entries)
+        }
     return {
-        f"idle-{i:04d}": {"callable": JOB, "cron": "0 0 1 1 *", "catch_up": "none"}
+        f"idle-{i:04d}": {
+            "callable": f"bench_scale_settings.job_idle-{i:04d}",
+            "cron": "0 0 1 1 *",
+            "catch_up": "none",
+        }
         for i in range(entries)
     }
 
@@ -626,7 +832,7 @@ def schedule(entries: int, busy: bool) -> dict[str, Any]:
 class Observer:
     """The script's view of the server: its statistics (on a connection outside the fleet's
     database), and, sampled every 0.1 s, the fleet's connections open and its schedulers
-    alive."""
+    alive (by the version's own liveness window)."""
 
     def __init__(self, server: Server, fleet: Fleet) -> None:
         self.server = server
@@ -639,10 +845,11 @@ class Observer:
         self._thread.start()
 
     def _sample(self) -> None:
+        live = self.fleet.code.live_within
         with contextlib.closing(self.server.sampler()) as connection:
             while not self._done.wait(0.1):
                 if self._sampling.is_set():
-                    self.samples.append(self.server.sample(connection))
+                    self.samples.append(self.server.sample(connection, live))
 
     def snapshot(self) -> Snapshot:
         pids, parents = self.server.server_pids()
@@ -676,8 +883,9 @@ class Observer:
 
 @dataclass
 class Window:
-    """One measured window of one phase."""
+    """One measured window of one phase of one version."""
 
+    code: str
     phase: str
     schedulers: int
     entries: int
@@ -687,19 +895,30 @@ class Window:
     connections: int
     peak: int
     alive: list[int]  # schedulers alive at each sample
+    live_within: float
     server_cpu: float
     fleet_cpu: float
     load: tuple[float, float]
     lost: int
     refused: int  # statements the server refused (an error): in ``total``
+    children: set[int]  # the schedulers' children when the window began
     beats: int = 0
     poll_interval: float = 1.0
     sweeps: int = 0
-    slots: int = 0
-    latencies: list[float] = field(default_factory=list)
-    missed: int = 0
+    slots: int = 0  # slots run in the window (their first attempt claimed in it)
+    latencies: list[float] = field(default_factory=list)  # due -> claim
+    bodies: list[float] = field(default_factory=list)  # due -> body
+    unpaired: int = 0  # entries whose rows and bodies did not pair up
+    due: int = 0  # slots due in the window
+    earlier: int = 0  # slots run in the window that fell due before it
+    missed: int = 0  # slots due in the window never claimed before the fleet stopped
+    late: int = 0  # slots due in the window first claimed after it
+    duplicates: int = 0  # slots with more than one success
     statuses: dict[str, int] = field(default_factory=dict)
     processes: dict[str, int] = field(default_factory=dict)
+    runs_started: int = 0
+    forks: int = 0
+    errors: list[str] = field(default_factory=list)
     texts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -712,9 +931,15 @@ class Window:
 
 
 def measure(
-    observer: Observer, phase: str, schedulers: int, entries: int, until: Callable[[], None]
+    observer: Observer,
+    code: Code,
+    phase: str,
+    schedulers: int,
+    entries: int,
+    until: Callable[[], None],
 ) -> Window:
     """Snapshot, wait (``until``), snapshot: the window's deltas."""
+    children = observer.fleet.children()
     observer.sample(True)
     before = observer.snapshot()
     lost_before = observer.server.lost(observer.connection)
@@ -735,6 +960,7 @@ def measure(
     if not observer.server.refusals_counted:
         kinds[REFUSED] = refused
     return Window(
+        code=code.label,
         phase=phase,
         schedulers=schedulers,
         entries=entries,
@@ -744,76 +970,135 @@ def measure(
         connections=after.connections - before.connections,
         peak=max((open_ for open_, _ in observer.samples), default=0),
         alive=[alive for _, alive in observer.samples],
+        live_within=code.live_within,
         server_cpu=after.server_cpu - before.server_cpu,
         fleet_cpu=after.fleet_cpu - before.fleet_cpu,
         load=(before.load, after.load),
         lost=observer.server.lost(observer.connection) - lost_before,
         refused=refused,
+        children=children,
         beats=sum(count for text, count in texts.items() if BEATS.match(text)),
         sweeps=sum(count for text, count in texts.items() if SWEEPS.match(text)),
         texts=texts,
     )
 
 
+class PhaseFailed(Exception):
+    """A fleet that could not do its work, in its schedulers' words: the phase is reported
+    as failed, with them, and the run goes on with the next one."""
+
+    def __init__(self, fleet: Fleet, lines: list[str]) -> None:
+        super().__init__("; ".join(lines[:3]))
+        self.code = fleet.code.label
+        self.lines = lines
+
+
+#: A line of a scheduler's stderr that says it can't do its work: the database out of reach
+#: (as the server refusing connections makes it), a run that failed, a traceback.
+TROUBLE = re.compile(r"unreachable|Traceback|too many|failed before it started|\] failed")
+
+
+def check_trouble(fleet: Fleet) -> None:
+    fleet.check_running()
+    trouble = [line for line in fleet.errors() if TROUBLE.search(line)]
+    if trouble:
+        raise PhaseFailed(fleet, trouble)
+
+
 def wait_for(what: str, condition: Callable[[], bool], fleet: Fleet) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while not condition():
-        fleet.check_running()
+        check_trouble(fleet)
         if time.monotonic() > deadline:
             raise SystemExit(f"gave up waiting for {what} after {STARTUP_TIMEOUT} s")
         time.sleep(0.5)
 
 
-def idle_phase(
-    server: Server,
-    folder: Path,
-    schedulers: int,
-    entries: int,
-    seconds: float,
-    poll_interval: float | None,
-) -> Window:
-    fleet = Fleet(server, folder / f"{server.vendor}-idle", schedule(entries, busy=False))
+@dataclass
+class Phase:
+    """What a phase needs: the server, the version, where its files go, and the options."""
+
+    server: Server
+    code: Code
+    folder: Path
+    entries: int
+    poll_interval: float | None
+    workers: int | None
+
+    def fleet(self, name: str, busy: bool) -> Fleet:
+        folder = self.folder / f"{self.server.vendor}-{self.code.label}-{name}"
+        return Fleet(self.server, self.code, self.folder, folder, schedule(self.entries, busy))
+
+
+def idle_phase(phase: Phase, schedulers: int, seconds: float) -> Window:
+    server, code = phase.server, phase.code
+    fleet = phase.fleet(f"idle-{schedulers}", busy=False)
     observer = Observer(server, fleet)
     try:
         swept = observer.sweeps()
-        fleet.start(schedulers, poll_interval)
+        fleet.start(schedulers, phase.poll_interval, phase.workers)
         # Every scheduler has polled once and finished its first sweep (it ends by deleting
         # the heartbeats of schedulers gone for a week: one DELETE a sweep).
         wait_for("the first sweeps", lambda: observer.sweeps() >= swept + schedulers, fleet)
+        # Then the connections a scheduler opens after its first pass (PostgreSQL's listening
+        # one, at its first wait): none opened for QUIET seconds.
+        opened = [server.connections_opened(observer.connection), time.monotonic()]
+
+        def settled() -> bool:
+            count = server.connections_opened(observer.connection)
+            if count != opened[0]:
+                opened[:] = [count, time.monotonic()]
+            return time.monotonic() - opened[1] >= QUIET
+
+        wait_for("the connections of the start-up", settled, fleet)
         say(f"  measuring {seconds:g} s")
-        window = measure(observer, "idle", schedulers, entries, lambda: time.sleep(seconds))
-        window.poll_interval = poll_interval or 1.0
-        return window
+        window = measure(
+            observer, code, "idle", schedulers, phase.entries, lambda: time.sleep(seconds)
+        )
+        window.poll_interval = phase.poll_interval or 1.0
+        check_trouble(fleet)
     finally:
         observer.close()
         fleet.stop()
+    window.errors = fleet.errors()
+    return window
 
 
-def busy_phase(
-    server: Server,
-    folder: Path,
-    schedulers: int,
-    entries: int,
-    minutes: int,
-    poll_interval: float | None,
-) -> Window:
-    fleet = Fleet(
-        server, folder / f"{server.vendor}-busy-{schedulers}", schedule(entries, busy=True)
-    )
+#: How long the start-up of a busy phase may go on running slots before the window starts
+#: all the same (a fleet that can't keep up is never quiet): seconds after every entry has
+#: run once.
+QUIET_WITHIN = 60.0
+
+
+def busy_phase(phase: Phase, schedulers: int, minutes: int) -> Window:
+    server, code, entries = phase.server, phase.code, phase.entries
+    fleet = phase.fleet(f"busy-{schedulers}", busy=True)
     observer = Observer(server, fleet)
+    all_ran: list[float] = []  # time.monotonic() when every entry had run once
     try:
         swept = observer.sweeps()
-        fleet.start(schedulers, poll_interval)
+        fleet.start(schedulers, phase.poll_interval, phase.workers)
 
         def started_up() -> bool:
-            # The first sweeps are over, every entry has run once, and nothing is running.
+            # The first sweeps are over, every entry has run once, and no run has started
+            # for 3 s (or QUIET_WITHIN has passed since every entry ran once).
             if observer.sweeps() < swept + schedulers:
                 return False
-            done, running = server.ledger(
-                "SELECT COUNT(DISTINCT CASE WHEN status = 'succeeded' THEN job_name END), "
-                "COUNT(CASE WHEN status = 'running' THEN 1 END) FROM job_runs",
-            )[0]
-            return bool(done == entries and running == 0)
+            try:
+                done, running, latest = server.ledger(
+                    "SELECT COUNT(DISTINCT CASE WHEN status = 'succeeded' THEN job_name END),"
+                    " COUNT(CASE WHEN status = 'running' THEN 1 END), MAX(started_at)"
+                    " FROM job_runs",
+                )[0]
+            except Exception:  # the server refused a connection: the fleet's stderr says why
+                return False
+            if done < entries:
+                return False
+            if not all_ran:
+                all_ran.append(time.monotonic())
+            if time.monotonic() - all_ran[0] > QUIET_WITHIN:
+                return True
+            return bool(running == 0 and (observer.now() - aware(latest)).total_seconds() > 3)
 
         wait_for("the runs of the start-up", started_up, fleet)
         now = observer.now()
@@ -828,40 +1113,75 @@ def busy_phase(
 
         say(f"  measuring from {start:%H:%M:%S} to {end:%H:%M:%S} (UTC)")
         sleep_until(start)
-        window = measure(observer, "busy", schedulers, entries, lambda: sleep_until(end))
-        window.poll_interval = poll_interval or 1.0
+        window = measure(observer, code, "busy", schedulers, entries, lambda: sleep_until(end))
+        window.poll_interval = phase.poll_interval or 1.0
+        ended = fleet.children()
+        check_trouble(fleet)
     finally:
         observer.close()
         fleet.stop()
-    # The window's slots, and how they went (after the fleet stopped: outside the window).
-    slots = [first + datetime.timedelta(minutes=m) for m in range(minutes)]
-    names = [f"{slot:%Y-%m-%dT%H:%M}" for slot in slots]
-    rows = server.ledger(
-        f"SELECT job_name, period, attempt, status, started_at FROM job_runs "
-        f"WHERE period IN ({', '.join('%s' for _ in names)})",
-        tuple(names),
-    )
-    firsts: dict[tuple[str, str], tuple[int, datetime.datetime]] = {}
+    # How the slots went (after the fleet stopped: outside the window). The window's slots
+    # are those whose first attempt was claimed in it: the slots due in it, for a fleet that
+    # keeps up; for one that lags, earlier ones (counted apart) and not all of its own.
+    due = {f"{first + datetime.timedelta(minutes=m):%Y-%m-%dT%H:%M}" for m in range(minutes)}
+    rows = server.ledger("SELECT job_name, period, attempt, status, started_at FROM job_runs")
     statuses: dict[str, int] = collections.Counter()
+    successes: dict[tuple[str, str], int] = collections.Counter()
+    claims: dict[str, list[tuple[datetime.datetime, str]]] = collections.defaultdict(list)
+    firsts: dict[tuple[str, str], datetime.datetime] = {}
     for job, period, attempt, status, started in rows:
-        statuses[status] += 1
-        if started.tzinfo is None:
-            started = started.replace(tzinfo=datetime.timezone.utc)
-        if (job, period) not in firsts or attempt < firsts[job, period][0]:
-            firsts[job, period] = (attempt, started)
-    due = dict(zip(names, slots, strict=True))
-    window.latencies = sorted(
-        (started - due[period]).total_seconds() for (_, period), (_, started) in firsts.items()
-    )
-    window.slots = entries * minutes
-    window.missed = window.slots - len(firsts)
+        started = aware(started)
+        claims[job].append((started, period))
+        successes[job, period] += status == "succeeded"
+        if attempt == 1:
+            firsts[job, period] = started
+    ran = {slot for slot, started in firsts.items() if start <= started <= end}
+    for job, period, _, status, _ in rows:
+        if (job, period) in ran:
+            statuses[status] += 1
+    window.latencies = sorted((firsts[slot] - slot_time(slot[1])).total_seconds() for slot in ran)
+    # Each row of the ledger is one run of a job's body, which wrote down when it started:
+    # per entry, the n-th row by its claim's time is the n-th body by its start.
+    bodies = fleet.body_starts()
+    for job, claimed in claims.items():
+        times = bodies.get(job, [])
+        if len(times) != len(claimed):
+            window.unpaired += 1
+            continue
+        for (_, period), at in zip(sorted(claimed), times, strict=True):
+            if (job, period) in ran:
+                window.bodies.append(at - slot_time(period).timestamp())
+    window.bodies.sort()
+    window.slots = len(ran)
+    window.due = entries * minutes
+    window.earlier = sum(period not in due for _, period in ran)
+    window.late = sum(period in due and started > end for (_, period), started in firsts.items())
+    window.missed = window.due - sum(period in due for _, period in firsts)
+    window.duplicates = sum(count > 1 for slot, count in successes.items() if slot in ran)
     window.statuses = dict(statuses)
+    output = fleet.output()
     window.processes = dict(
         collections.Counter(
-            what for _, slot, what in OUTPUT.findall(fleet.output()) if slot in due
+            what for job, slot, what in OUTPUT.findall(output) if (job, slot) in ran
         )
     )
+    pids = {int(pid) for job, slot, pid in STARTED.findall(output) if (job, slot) in ran}
+    window.runs_started = window.processes.get("started", 0)
+    window.forks = len((pids | ended) - window.children)
+    window.errors = fleet.errors()
     return window
+
+
+def aware(moment: datetime.datetime) -> datetime.datetime:
+    """A time from the ledger, in UTC (MariaDB's come naive, in UTC)."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
+
+
+def slot_time(period: str) -> datetime.datetime:
+    """When a cron slot of the busy schedule fell due, from its name."""
+    return datetime.datetime.strptime(period, "%Y-%m-%dT%H:%M").replace(
+        tzinfo=datetime.timezone.utc
+    )
 
 
 # Reporting.
@@ -875,19 +1195,26 @@ def percentile(values: list[float], fraction: float) -> float:
     return values[int(rank) - 1]
 
 
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{percentile(values, 0.5):.2f} / {percentile(values, 0.99):.2f} / {values[-1]:.2f}"
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def number(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
 
 
 @dataclass
 class Rhythm:
-    """An idle window, per scheduler: what a pass, a heartbeat, a look for requests and a
-    sweep cost, and the rate at the scheduler's full rhythm (the most it sends idle,
-    whatever the host's CPU)."""
+    """An idle window of a version that reads the server's clock at each pass (the old
+    scheduler), per scheduler: what a pass, a heartbeat, a look for requests and a sweep
+    cost, and the rate at the scheduler's full rhythm (the most it sends idle, whatever the
+    host's CPU)."""
 
     passes: float  # per second, measured
     beats: float  # per second, measured
@@ -898,7 +1225,9 @@ class Rhythm:
     poll_interval: float
 
     @classmethod
-    def of(cls, w: Window) -> Rhythm:
+    def of(cls, w: Window) -> Rhythm | None:
+        """None for a version that doesn't read the clock at each pass, or a window with no
+        sweep."""
         per = w.schedulers * w.seconds
         # The clock is read once a pass, a heartbeat, a look for requests (idle: their
         # SELECT is the only statement on job_controls) and a sweep (before it deletes the
@@ -906,15 +1235,16 @@ class Rhythm:
         requests = w.statements.get("controls", 0)
         passes = w.statements.get("clock", 0) - w.beats - requests - w.sweeps
         sweeps = w.statements.get("ledger reads", 0) / w.entries  # one SELECT an entry
+        if passes / per < 1 or sweeps < 0.5:
+            return None
         swept = w.total - passes - 2 * w.beats - 2 * requests  # none of the above
-        nan = float("nan")
         return cls(
             passes=passes / per,
             beats=w.beats / per,
             requests=requests / per,
             sweeps=sweeps,
-            sweep_statements=swept / sweeps if sweeps else nan,
-            sweep_connections=w.connections / sweeps if sweeps else nan,
+            sweep_statements=swept / sweeps,
+            sweep_connections=w.connections / sweeps,
             poll_interval=w.poll_interval,
         )
 
@@ -935,111 +1265,166 @@ def fit(points: list[tuple[float, float]]) -> Callable[[float], float]:
     return lambda x: my + slope * (x - mx)
 
 
-def row(n: int, entries: int, label: str, statements: float, connections: float) -> None:
-    """A computed row of the figures table."""
-    print(
-        f"| {n:,} | {entries} | {label} | - | {number(statements)} | {number(statements / n)} "
-        f"| {number(connections)} | - | - | - | - | - | - |"
-    )
-
-
-def show(server: Server, windows: list[Window], fleets: list[int]) -> None:
+def show(
+    server: Server,
+    codes: list[Code],
+    windows: list[Window],
+    failed: list[tuple[str, str, int, list[str]]],
+    fleets: list[int],
+) -> None:
     print(f"\n{server.version} (private server, port {server.port})\n")
     print(
-        "| schedulers | entries | phase | window (s) | statements/s, fleet | per scheduler | "
-        "connections opened/s, fleet | most open at once | due -> start p50 / p99 / max (s) "
-        "| none alive | server CPU (s/s) | fleet CPU (s/s) | load |"
+        "| code | schedulers | phase | window (s) | statements/s, fleet | per scheduler | "
+        "connections opened/s, fleet | most open at once | statements / due slot | "
+        "connections / due slot | due -> claim p50 / p99 / max (s) | "
+        "due -> body p50 / p99 / max (s) | runs started / slot | forked | none alive | "
+        "server CPU (s/s) | fleet CPU (s/s) | load |"
     )
-    print(
-        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| --- |"
-    )
+    print(f"| --- | ---: | --- |{' ---: |' * 14} --- |")
     for w in windows:
-        latency = "-"
-        if w.latencies:
-            p50, p99 = percentile(w.latencies, 0.5), percentile(w.latencies, 0.99)
-            latency = f"{p50:.1f} / {p99:.1f} / {w.latencies[-1]:.1f}"
-        print(
-            f"| {w.schedulers} | {w.entries} | {w.phase} | {w.seconds:.0f} | "
-            f"{number(w.per_second(w.total))} | {number(w.per_second(w.total, True))} | "
-            f"{number(w.per_second(w.connections))} | {w.peak} | {latency} | "
-            f"{w.none_alive:.0%} | {w.per_second(w.server_cpu):.2f} | "
-            f"{w.per_second(w.fleet_cpu):.2f} | {w.load[0]:.1f}-{w.load[1]:.1f} |"
+        busy = w.phase == "busy" and w.slots > 0
+        per_slot = (
+            [number(w.total / w.slots), f"{w.connections / w.slots:.2f}"] if busy else ["-", "-"]
         )
-    # Computed: idle, N times the full rhythm; busy, the line through the measured fleets
-    # (statements/s against schedulers), or N times the per-scheduler rate of one.
-    idle = [w for w in windows if w.phase == "idle" and Rhythm.of(w).sweeps]
-    busy = [w for w in windows if w.phase == "busy"]
-    sizes = sorted({w.schedulers for w in busy})
-    for n in fleets:
-        for w in idle:
-            rhythm = Rhythm.of(w)
-            row(n, w.entries, "idle, computed", n * rhythm.full, n * rhythm.full_connections)
-        if len(sizes) > 1:
-            statements = fit([(w.schedulers, w.per_second(w.total)) for w in busy])
-            connections = fit([(w.schedulers, w.per_second(w.connections)) for w in busy])
-            label = f"busy, computed (line through {', '.join(map(str, sizes))})"
-            row(n, busy[0].entries, label, statements(n), connections(n))
-        elif busy:
-            w = busy[0]
-            label = f"busy, computed ({w.schedulers} schedulers' rate each)"
-            row(
-                n,
-                w.entries,
-                label,
-                n * w.per_second(w.total, True),
-                n * w.per_second(w.connections, True),
-            )
+        print(
+            f"| {w.code} | {w.schedulers} | {w.phase} | {w.seconds:.0f} | "
+            f"{number(w.per_second(w.total))} | {number(w.per_second(w.total, True))} | "
+            f"{number(w.per_second(w.connections))} | {w.peak} | {' | '.join(per_slot)} | "
+            f"{spread(w.latencies)} | {spread(w.bodies)} | "
+            f"{f'{w.runs_started / w.slots:.2f}' if busy else '-'} | "
+            f"{w.forks if busy else '-'} | {w.none_alive:.0%} | "
+            f"{w.per_second(w.server_cpu):.2f} | {w.per_second(w.fleet_cpu):.2f} | "
+            f"{w.load[0]:.1f}-{w.load[1]:.1f} |"
+        )
+    for code, what, schedulers, lines in failed:
+        print(f"| {code} | {schedulers} | {what} | failed: {lines[0][:200]} |")
     kinds = [name for name, _ in KINDS] + [REFUSED]
     print("\nBy kind: idle, per scheduler and second; busy, per due slot (whole fleet).\n")
-    print(f"| phase, schedulers | {' | '.join(kinds)} | total | connections opened |")
-    print(f"| --- |{' ---: |' * (len(kinds) + 2)}")
+    print(f"| code | phase, schedulers | {' | '.join(kinds)} | total | connections opened |")
+    print(f"| --- | --- |{' ---: |' * (len(kinds) + 2)}")
     for w in windows:
         if w.phase == "idle":
             cells = [w.per_second(w.statements.get(k, 0), True) for k in kinds]
             cells += [w.per_second(w.total, True), w.per_second(w.connections, True)]
-        else:
+        elif w.slots:
             cells = [w.statements.get(k, 0) / w.slots for k in kinds]
             cells += [w.total / w.slots, w.connections / w.slots]
-        print(f"| {w.phase}, {w.schedulers} | {' | '.join(f'{c:.2f}' for c in cells)} |")
+        else:
+            continue
+        print(
+            f"| {w.code} | {w.phase}, {w.schedulers} | {' | '.join(f'{c:.2f}' for c in cells)} |"
+        )
+    print()
     for w in windows:
         below = sum(alive < w.schedulers for alive in w.alive) / max(1, len(w.alive))
+        name = f"{w.code}, {w.phase}, {plural(w.schedulers, 'scheduler')}"
         print(
-            f"\n{w.phase}, {plural(w.schedulers, 'scheduler')}: alive (seen in the last 3 s, as "
-            f"run_jobs --check counts them), sampled every 0.1 s: at least "
-            f"{min(w.alive, default=0)}; fewer than {w.schedulers} in {below:.0%} of the "
-            f"samples, none in {w.none_alive:.0%}."
+            f"- {name}: alive (seen in the last {w.live_within:g} s, as its run_jobs --check "
+            f"counts them), sampled every 0.1 s: at least {min(w.alive, default=0)}; fewer "
+            f"than {w.schedulers} in {below:.0%} of the samples, none in {w.none_alive:.0%}."
         )
-        if w.phase == "idle" and not Rhythm.of(w).sweeps:
-            print("idle: no sweep in the window (make it longer): no full-rhythm figures.")
-        elif w.phase == "idle":
-            r = Rhythm.of(w)
+        if w.phase == "idle":
+            minute = w.sweeps / w.schedulers / w.seconds * 60
             print(
-                f"idle, per scheduler: {r.passes:.2f} passes/s (at most {1 / LOOP:g}), "
-                f"{r.beats:.2f} heartbeats/s, {r.requests:.2f} looks for requests/s (2 "
-                f"statements each); {r.sweeps:.1f} sweeps' worth in the window (the fleet's), "
-                f"a sweep {r.sweep_statements:,.0f} statements and {r.sweep_connections:,.0f} "
-                f"connections. At the full rhythm (a pass every {LOOP:g} s, a heartbeat every "
-                f"{BEAT:g} s, requests every {r.poll_interval:g} s, a sweep every {SWEEP:g} "
-                f"s): {r.full:.1f} statements/s and {r.full_connections:.1f} connections "
-                f"opened/s per scheduler."
+                f"  {w.sweeps} sweeps in the window ({minute:.2f} per scheduler and minute), "
+                f"{w.beats} heartbeats."
             )
+            rhythm = Rhythm.of(w)
+            if rhythm:
+                print(
+                    f"  Per scheduler: {rhythm.passes:.2f} passes/s (at most {1 / LOOP:g}), "
+                    f"{rhythm.beats:.2f} heartbeats/s, {rhythm.requests:.2f} looks for "
+                    f"requests/s (2 statements each); a sweep {rhythm.sweep_statements:,.0f} "
+                    f"statements and {rhythm.sweep_connections:,.0f} connections. At the full "
+                    f"rhythm (a pass every {LOOP:g} s, a heartbeat every {BEAT:g} s, requests "
+                    f"every {rhythm.poll_interval:g} s, a sweep every {SWEEP:g} s): "
+                    f"{rhythm.full:.1f} statements/s and {rhythm.full_connections:.1f} "
+                    f"connections opened/s per scheduler."
+                )
         else:
-            started = w.processes.get("started", 0)
-            ended = {k: v for k, v in w.processes.items() if k != "started"}
             print(
-                f"busy: {w.slots} slots due in the window; runs {len(w.latencies)}, missed "
-                f"{w.missed}, rows by status {w.statuses}; job processes started "
-                f"{started} ({started / w.slots:.2f} a slot), ended {ended}; statements the "
-                f"server refused (an error): {w.refused} ({w.refused / w.slots:.2f} a slot)."
+                f"  {w.due} slots due in the window, {w.slots} run in it (first attempt "
+                f"claimed in it), {w.earlier} of them due before it; of the window's own: "
+                f"claimed after it {w.late}, never claimed {w.missed}. Of those run: rows by "
+                f"status {w.statuses}, slots with more than one success {w.duplicates}, the "
+                f"schedulers' lines {w.processes}; bodies paired with their rows for "
+                f"{len(w.bodies)} ({w.unpaired} entries did not pair). Forked in the window: "
+                f"{w.forks}; statements the server refused (an error): {w.refused}."
             )
+        if w.errors:
+            print(f"  stderr: {len(w.errors)} lines, the first: {w.errors[:3]}")
         if w.lost:
-            print(f"WARNING: the server's statistics lost {w.lost} statements in this window")
+            print(f"  WARNING: the server's statistics lost {w.lost} statements in this window")
+    for code, what, schedulers, lines in failed:
+        print(
+            f"- {code}, {what}, {plural(schedulers, 'scheduler')}: FAILED; the schedulers' "
+            f"stderr, {len(lines)} such lines, the first: {lines[:3]}"
+        )
+    plan(codes, windows, fleets)
+
+
+def plan(codes: list[Code], windows: list[Window], fleets: list[int]) -> None:
+    """N schedulers, computed from the measured ones."""
+    print(
+        "\n| code | schedulers | phase | computed from | statements/s, fleet | per scheduler | "
+        "connections opened/s, fleet | open at once | statements / due slot | "
+        "connections / due slot |"
+    )
+    print(f"| --- | ---: | --- | --- |{' ---: |' * 6}")
+    for code in codes:
+        idle = [w for w in windows if w.code == code.label and w.phase == "idle"]
+        # A fleet that fell behind (slots of its window run after it, or earlier ones in it)
+        # sent what its CPU allowed, not what its slots cost: left out.
+        busy = [
+            w
+            for w in windows
+            if w.code == code.label
+            and w.phase == "busy"
+            and w.slots
+            and not (w.earlier or w.late or w.missed)
+        ]
+        for n in fleets:
+            if idle:
+                w = max(idle, key=lambda w: w.per_second(w.total, True))
+                rate = w.per_second(w.total, True)
+                opened = max(x.per_second(x.connections, True) for x in idle)
+                held = max(x.peak / x.schedulers for x in idle)
+                print(
+                    f"| {code.label} | {n:,} | idle | highest rate measured "
+                    f"({plural(w.schedulers, 'scheduler')}) | {number(n * rate)} | "
+                    f"{number(rate)} | {number(n * opened)} | {n * held:,.0f} | - | - |"
+                )
+                rhythms = [r for r in map(Rhythm.of, idle) if r]
+                if rhythms:
+                    r = max(rhythms, key=lambda r: r.full)
+                    print(
+                        f"| {code.label} | {n:,} | idle | full rhythm | {number(n * r.full)} | "
+                        f"{number(r.full)} | {number(n * r.full_connections)} | - | - | - |"
+                    )
+            if not busy:
+                continue
+            slots = busy[0].due / busy[0].seconds  # due slots a second
+            sizes = sorted({w.schedulers for w in busy})
+            held = max(w.peak / w.schedulers for w in busy)
+            if len(sizes) > 1:
+                statements = fit([(w.schedulers, w.per_second(w.total)) for w in busy])(n)
+                connections = fit([(w.schedulers, w.per_second(w.connections)) for w in busy])(n)
+                source = f"line through {', '.join(map(str, sizes))}"
+            else:
+                w = busy[0]
+                statements = n * w.per_second(w.total, True)
+                connections = n * w.per_second(w.connections, True)
+                source = f"N x the per-scheduler rate of {plural(w.schedulers, 'scheduler')}"
+            print(
+                f"| {code.label} | {n:,} | busy | {source} | {number(statements)} | "
+                f"{number(statements / n)} | {number(connections)} | {n * held:,.0f} | "
+                f"{number(statements / slots)} | {number(connections / slots)} |"
+            )
 
 
 def verbose(windows: list[Window]) -> None:
     for w in windows:
-        print(f"\n{w.phase}: statements by normalized text")
+        print(f"\n{w.code}, {w.phase}, {w.schedulers}: statements by normalized text")
         for text, count in sorted(w.texts.items(), key=lambda item: -item[1]):
             print(f"  {count:8d}  {kind_of(text):18s} {' '.join(text.split())[:150]}")
 
@@ -1049,17 +1434,39 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def counts(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n]
+
+
+def order(codes: list[Code], turn: int) -> list[Code]:
+    """The versions in alternating order from one number of schedulers to the next."""
+    return codes if turn % 2 == 0 else codes[::-1]
+
+
+def clear(server: Server) -> None:
+    """An empty ledger for the next phase (outside any window)."""
+    for table in ("job_runs", "job_schedulers", "job_controls"):
+        server.ledger(f"DELETE FROM {table}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--entries", type=int, default=500, help="schedule entries (500)")
-    parser.add_argument("--idle-schedulers", type=int, default=8, help="idle phase (8)")
-    parser.add_argument("--idle-seconds", type=float, default=90, help="idle window (90)")
     parser.add_argument(
-        "--busy-schedulers", default="4", help="busy phase: comma-separated, one run each (4)"
+        "--code", default=CODE, help=f"LABEL=REVISION,... ('.': the working tree) ({CODE})"
     )
-    parser.add_argument("--busy-minutes", type=int, default=2, help="busy window (2)")
+    parser.add_argument("--entries", type=int, default=500, help="schedule entries (500)")
+    parser.add_argument("--idle-schedulers", default="1,4,8,16", help="idle phase (1,4,8,16)")
+    parser.add_argument("--idle-seconds", type=float, default=60, help="idle window (60)")
+    parser.add_argument("--busy-schedulers", default="1,4,8,16", help="busy phase (1,4,8,16)")
+    parser.add_argument(
+        "--old-busy-schedulers", help="busy phase of the code labelled old (--busy-schedulers)"
+    )
+    parser.add_argument("--busy-minutes", type=int, default=1, help="busy window (1)")
+    parser.add_argument(
+        "--workers", type=int, help="run_jobs --workers, where it exists (its default: 4)"
+    )
     parser.add_argument(
         "--poll-interval", type=float, help="run_jobs --poll-interval (its default: 1)"
     )
@@ -1068,58 +1475,72 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="each statement's count")
     parser.add_argument("--keep", action="store_true", help="keep the servers' folders and logs")
     args = parser.parse_args()
-    fleets = [int(n) for n in args.fleets.split(",") if n]
-    busy = [int(n) for n in args.busy_schedulers.split(",") if n]
+    fleets = counts(args.fleets)
+    idle, busy = counts(args.idle_schedulers), counts(args.busy_schedulers)
+    old_busy = busy if args.old_busy_schedulers is None else counts(args.old_busy_schedulers)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
     folder = Path(tempfile.mkdtemp(prefix="advisory-lock-bench-scale-"))
     folder.chmod(0o711)  # the servers' own users go through it to their folders
     (folder / "bench_scale_settings.py").write_text(SETTINGS)
-    print(
-        f"bench/scale.py, {library_revision()}, {os.cpu_count()} CPUs, "
-        f"load {os.getloadavg()[0]:.1f} at the start"
-    )
+    began = time.monotonic()
     try:
+        codes = codes_of(args.code, folder)
+        print(
+            f"bench/scale.py, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start; "
+            + "; ".join(f"{code.label}: {code.revision}" for code in codes)
+        )
         for vendor in args.only.split(","):
             server = SERVERS[vendor](folder / f"{vendor}-server")
             server.folder.mkdir()
+            windows: list[Window] = []
+            failed: list[tuple[str, str, int, list[str]]] = []
             try:
                 say(f"{vendor}: starting a private server")
                 server.start()
-                Fleet(server, folder / f"{vendor}-migrate", {}).manage("migrate", "-v0")
-                say(f"{vendor}: idle, {args.idle_schedulers} schedulers")
-                windows = [
-                    idle_phase(
-                        server,
-                        folder,
-                        args.idle_schedulers,
-                        args.entries,
-                        args.idle_seconds,
-                        args.poll_interval,
+                phases = {
+                    code.label: Phase(
+                        server, code, folder, args.entries, args.poll_interval, args.workers
                     )
-                ]
-                for schedulers in busy:
-                    server.ledger("DELETE FROM job_runs")
-                    server.ledger("DELETE FROM job_schedulers")
-                    say(f"{vendor}: busy, {plural(schedulers, 'scheduler')}")
-                    windows.append(
-                        busy_phase(
-                            server,
-                            folder,
-                            schedulers,
-                            args.entries,
-                            args.busy_minutes,
-                            args.poll_interval,
-                        )
-                    )
+                    for code in codes
+                }
+                for code in codes:
+                    fleet = phases[code.label].fleet("migrate", busy=False)
+                    if code is codes[0]:
+                        fleet.manage("migrate", "-v0")
+                    fleet.ask()
+                runs: list[tuple[str, int, Code]] = []
+                for turn, schedulers in enumerate(idle):
+                    runs += [("idle", schedulers, code) for code in order(codes, turn)]
+                for turn, schedulers in enumerate(busy):
+                    runs += [
+                        ("busy", schedulers, code)
+                        for code in order(codes, turn)
+                        if code.label != "old" or schedulers in old_busy
+                    ]
+                for what, schedulers, code in runs:
+                    clear(server)
+                    say(f"{vendor}: {code.label}, {what}, {plural(schedulers, 'scheduler')}")
+                    try:
+                        if what == "idle":
+                            window = idle_phase(phases[code.label], schedulers, args.idle_seconds)
+                        else:
+                            window = busy_phase(phases[code.label], schedulers, args.busy_minutes)
+                    except PhaseFailed as failure:
+                        say(f"  failed: {failure}")
+                        failed.append((code.label, what, schedulers, failure.lines))
+                        continue
+                    windows.append(window)
             finally:
                 server.stop()
-            show(server, windows, fleets)
-            if args.verbose:
-                verbose(windows)
+                show(server, codes, windows, failed, fleets)
+                if args.verbose:
+                    verbose(windows)
+                sys.stdout.flush()
     finally:
+        print(f"\nthe run took {(time.monotonic() - began) / 60:.1f} min")
         if args.keep:
-            print(f"\nthe servers' folders and the fleets' output: {folder}")
+            print(f"\nthe servers' folders, the versions' trees and the fleets' output: {folder}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -56,6 +56,7 @@ def main() -> None:
         scheduler._order = [entry.name]
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
         scheduler._elsewhere.clear()
+        scheduler._due.clear()  # the entry may have changed since the last command
         if verb == "decide":
             due = Due(slot, scheduler.now(), latest=True)
             last = deciding_attempts(args.using, {entry.name: slot}).get(entry.name)

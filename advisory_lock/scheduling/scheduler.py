@@ -146,6 +146,15 @@ class Due(NamedTuple):
     latest: bool
 
 
+class Boundary(NamedTuple):
+    """An entry's due slots as last looked at: its latest slot, the next one (when they must
+    be looked at again), and the slots that may run."""
+
+    latest: datetime.datetime
+    until: datetime.datetime
+    dues: list[Due]
+
+
 class Scheduler:
     """Runs the due slots of ``entries`` on the ledger of the database ``using``."""
 
@@ -164,6 +173,7 @@ class Scheduler:
         self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
+        self._due: dict[str, Boundary] = {}  # per entry, its due slots (see ``_candidates``)
         self._released_at = 0.0  # time.monotonic() of the last release of claims
         # Slots claimed here, the ledger's word taken, waiting for a free worker.
         self._ready: dict[str, Due] = {}
@@ -297,6 +307,7 @@ class Scheduler:
         abandon_orphans(self.using, self.entries.keys(), alive)
         self.heartbeat.forget_the_dead(self.now())
         self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
+        self._due.clear()
 
     def _poll_interval(self) -> float:
         """``poll_interval``, but at most ``POLL_INTERVAL`` (1 s) while the database announces
@@ -531,13 +542,20 @@ class Scheduler:
         """The slots of ``entry`` that may run now, oldest first, by its ``catch_up``: no
         statement, but for ``"all"`` (its missed slots). Which of them do run is the
         ledger's word (``_wanted``)."""
-        latest = next(entry.slots_before(now), None)
-        if latest is None:
+        cached = self._due.get(entry.name)
+        if cached is None or not cached.latest <= now < cached.until:
+            # A new boundary (or the first look): the entry's schedule is read again. Between
+            # two boundaries its slots are those of the last look (a pass over 500 cron
+            # entries then costs no cron arithmetic).
+            latest = next(entry.slots_before(now), None)
+            if latest is None:
+                return []
+            slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
+            dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+            cached = self._due[entry.name] = Boundary(latest, entry.next_slot(now), dues)
+        if entry.catch_up == "none" and (now - cached.latest).total_seconds() >= entry.interval:
             return []
-        if entry.catch_up == "none" and (now - latest).total_seconds() >= entry.interval:
-            return []
-        slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
-        return [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+        return cached.dues
 
     def _wanted(self, slots: dict[str, Due]) -> dict[str, Due]:
         """Of ``slots`` (one per entry), those to run now, by the ledger and the pauses: two
@@ -673,6 +691,7 @@ class Scheduler:
     def _ended(self, child: Child, status: int | None, *, died: bool) -> None:
         name = child.entry.name
         run = f"{name} [{child.slot}]"
+        self._due.pop(name, None)  # its missed slots (catch_up "all") are looked at again
         if name in self._asked:
             # A request for the entry heard while this run went on was left for now.
             self._asked.discard(name)

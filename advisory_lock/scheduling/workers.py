@@ -138,10 +138,9 @@ class Pool:
         """Let the idle workers go (they exit when their jobs pipe closes)."""
         for worker in list(self.workers):
             if worker.run is None:
-                worker.jobs.close()
+                worker.jobs.close()  # a closed Connection closes again as a no-op
                 worker.process.join()
-                os.close(worker.lifeline)
-                self.workers.remove(worker)
+                self.remove(worker)
 
     def _fork(self) -> Worker:
         read_end, write_end = os.pipe()

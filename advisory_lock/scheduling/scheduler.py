@@ -84,6 +84,7 @@ from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
+from advisory_lock.scheduling.workers import LOST
 from advisory_lock.scheduling.workers import SKIPPED
 from advisory_lock.scheduling.workers import SUCCEEDED
 from advisory_lock.scheduling.workers import Pool
@@ -677,6 +678,11 @@ class Scheduler:
             else:
                 worker.run = None
                 self._unclaim.append(name)  # else once its death is recorded
+                if status == LOST:
+                    # The worker exits once it has answered (see ``workers``): waited for
+                    # here, so that no run is given to it meanwhile.
+                    worker.process.join()
+                    self.pool.remove(worker)
             del self.children[name]
             ended = True
             self._ended(child, status, died=died)
@@ -709,7 +715,7 @@ class Scheduler:
             self._elsewhere.add((name, child.slot))
             return
         self.failed += 1
-        if not died and status == FAILED:
+        if not died and status in (FAILED, LOST):
             self._settled.discard((child.entry.name, child.slot))  # retried while the latest
             self.say(f"run_jobs: {run} failed.")
             return  # the worker recorded it

@@ -35,6 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
+from advisory_lock.exceptions import LockLost
 from advisory_lock.ledger import close_kept_connection
 from advisory_lock.ledger import keep_ledger_connection
 from advisory_lock.schedule import Entry
@@ -47,6 +48,8 @@ logger = logging.getLogger("advisory_lock")
 SUCCEEDED = 0
 #: ... it failed (the worker recorded it).
 FAILED = 1
+#: ... it failed, and its lock was lost while it ran (the worker exits after answering).
+LOST = 2
 #: ... it did not run: the entry's lock was busy, or the slot taken or done.
 SKIPPED = 3
 #: How many workers a scheduler forks when ``run_jobs --workers`` does not say.
@@ -111,6 +114,12 @@ class Pool:
     def fill(self) -> None:
         """Fork workers until there are ``size``. The scheduler's connections are closed
         first (they reopen on use): a worker must not share their sockets."""
+        for worker in list(self.workers):
+            if worker.run is None and not worker.process.is_alive():
+                # An idle worker that ended: after a run that lost its lock (it exits, see
+                # ``_serve``), or killed from outside between runs.
+                worker.process.join()
+                self.remove(worker)
         if len(self.workers) >= self.size:
             return  # and with a size of 0, none
         connections.close_all()
@@ -200,11 +209,16 @@ def _serve(
         except (EOFError, OSError):
             _exit(0)
         status = run_slot(entry, slot, using, manual, lock_connection)
-        if status == FAILED:
+        if status in (FAILED, LOST):
             connections.close_all()  # the next run starts on fresh connections
         sys.stdout.flush()
         sys.stderr.flush()
         jobs.send(status)
+        if status == LOST:
+            # The run's lock went while it ran: whatever the job left behind (a thread, a
+            # child process) may still be at work without it, so the worker ends with its
+            # run, as a job process of its own would; the scheduler forks another.
+            _exit(0)
 
 
 def run_slot(
@@ -241,13 +255,19 @@ def run_slot(
         with contextlib.suppress(BaseException):  # a LockLost: the run is recorded failed
             run.end(exc)
         logger.error("%s [%s] failed: %r", entry.name, slot, exc)
-        return FAILED
+        return _failed(run, exc)
     try:
         run.end(None)
     except Exception as exc:
         logger.error("%s [%s] failed: %r", entry.name, slot, exc)
-        return FAILED
+        return _failed(run, exc)
     return SUCCEEDED
+
+
+def _failed(run: GuardedRun, exc: BaseException) -> int:
+    """LOST if the run's lock went while it ran, else FAILED."""
+    lost = isinstance(exc, LockLost) or (run.lock is not None and run.lock.lost)
+    return LOST if lost else FAILED
 
 
 def _exit(status: int) -> None:

@@ -96,6 +96,8 @@ Status = JobRun.Status
 #: What the scheduler says, with why, of a dead run whose failure it could not write.
 UNRECORDED = "not recorded in the ledger"
 _LOOP = 0.2  # seconds between two looks at the clock while idle
+#: About how many schedulers of a fleet look for requests in each poll interval.
+POLLERS = 4
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
 _RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
 #: The longest wait, in seconds, between two tries of a scheduler while the database is out
@@ -190,6 +192,8 @@ class Scheduler:
         random.shuffle(self._order)
         self._own = set(entries)  # until ``share`` has seen the fleet: all are
         self._shares_left = 2  # heartbeats at which to share again before once a minute
+        # This scheduler's rank among the live ones, and their number (see ``share``).
+        self._rank, self._fleet_size = 0, 1
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
         self.say = say
@@ -236,7 +240,7 @@ class Scheduler:
                 try:
                     self.reap()
                     self.beat_if_due()
-                    if time.monotonic() >= polled_at + self._poll_interval() or self._poll_now:
+                    if self._poll_now or self._polls_now(polled_at):
                         self._poll_now = False
                         self.start_requested()
                         polled_at = time.monotonic()
@@ -310,6 +314,23 @@ class Scheduler:
         self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
         self._due.clear()
 
+    def _polls_now(self, polled_at: float) -> bool:
+        """Is it this scheduler's turn to look for requests? Once a poll interval, in a
+        fleet of up to ``POLLERS`` live schedulers. In a larger one, the intervals (counted
+        on the server's clock, which they share) take turns: the schedulers whose rank
+        (``share``) is the interval's number modulo ``ceil(live / POLLERS)`` look, so that
+        about ``POLLERS`` look in each interval, whatever the fleet's size, and a request is
+        still seen within an interval (any scheduler can run it: the one that claims its
+        entry). A scheduler alone in its turn that died leaves its turns to the others'
+        next look, until the fleet is counted again (``share``: once a minute)."""
+        interval = self._poll_interval()
+        if time.monotonic() < polled_at + interval:
+            return False
+        turns = math.ceil(self._fleet_size / POLLERS)
+        if turns <= 1:
+            return True
+        return math.floor(self.now().timestamp() / interval) % turns == self._rank % turns
+
     def _poll_interval(self) -> float:
         """``poll_interval``, but at most ``POLL_INTERVAL`` (1 s) while the database announces
         requests and this process can't hear them (a transaction pooler in the way, declared
@@ -349,10 +370,16 @@ class Scheduler:
         tries first the entries that fall to it (a stable hash of the name, modulo the
         number of live schedulers, against its rank among them), then the others', each part
         shuffled. A claim then rarely finds its entry taken. One statement; at the first
-        heartbeats (the fleet may be starting), then once a minute."""
+        heartbeats (the fleet may be starting), then once a minute, or at the next two heartbeats
+        while the count changes."""
         live = sorted(row.pk for row in live_schedulers(self.using, self.now()))
         mine = self.heartbeat.row.pk if self.heartbeat.row is not None else None
         rank, size = (live.index(mine), len(live)) if mine in live else (0, 1)
+        if (rank, size) != (self._rank, self._fleet_size):
+            # The fleet is changing (starting, or a scheduler came or went): counted again
+            # at the next two heartbeats, not in a minute.
+            self._shares_left = 2
+        self._rank, self._fleet_size = rank, size
         own = [name for name in self.entries if zlib.crc32(name.encode()) % size == rank]
         others = [name for name in self.entries if zlib.crc32(name.encode()) % size != rank]
         random.shuffle(own)

@@ -1,11 +1,14 @@
 """What a database outage is, to a scheduler: the errors after which the same pass may
-succeed later (see ``scheduling.scheduler``, "A database outage")."""
+succeed later (see ``scheduling.scheduler``, "A database outage"); and what a refusal to lock
+is: a database in reach that takes no lock now (a replica, or a primary that a failover
+demoted) and may take them again without a restart."""
 
 from __future__ import annotations
 
 from django.db import utils
 
 from advisory_lock.backends import driver_error_is_outage
+from advisory_lock.exceptions import ReplicaError
 
 
 def is_outage(error: BaseException) -> bool:
@@ -40,3 +43,18 @@ def _says_outage(error: BaseException) -> bool | None:
         return None  # Django's wrapper: the driver's error says which
     # The driver's own error: its backend knows which of its codes mean "out of reach".
     return driver_error_is_outage(error)
+
+
+def is_refusal(error: BaseException) -> bool:
+    """Does ``error`` say that the database can't take locks now, though in reach? A
+    ``ReplicaError`` (the server is read-only: a replica, or a primary demoted by a failover,
+    which a new connection may no longer reach: libpq's ``target_session_attrs=read-write``
+    and a proxy's health check lead it to the new primary), or an error caused by one."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ReplicaError):
+            return True
+        cause = cause.__cause__
+    return False

@@ -37,7 +37,11 @@ can't reach the database logs one WARNING, closes the connections, and is tried 
 through, one INFO line says how long the outage lasted, and the sweep runs at once (the
 outage may have cut runs). Meanwhile no run starts, the running children are still reaped
 and stopped at their timeout, and a signal stops the scheduler at once. Only the errors that
-say so are an outage (``is_outage``): any other error, a bug, still stops the scheduler.
+say so are an outage (``is_outage``): any other error, a bug, still stops the scheduler. A
+database in reach that takes no lock (a replica, a primary demoted by a failover:
+``is_refusal``) is ridden out the same way, and said as such: its claims fail before any run
+is given to a worker. A run that fails before it starts in its worker (its lock or its
+claim refused) holds its entry back, said once, for a growing while (``_Backoff``).
 """
 
 from __future__ import annotations
@@ -81,10 +85,12 @@ from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import Listening
 from advisory_lock.scheduling.outages import is_outage
+from advisory_lock.scheduling.outages import is_refusal
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
 from advisory_lock.scheduling.workers import LOST
+from advisory_lock.scheduling.workers import NOT_STARTED
 from advisory_lock.scheduling.workers import SKIPPED
 from advisory_lock.scheduling.workers import SUCCEEDED
 from advisory_lock.scheduling.workers import Pool
@@ -108,6 +114,22 @@ RETRY_CAP = 3.0
 #: has read the end of its connection, which the kernel closes when the process dies: a
 #: moment after the scheduler has reaped it, not at the same instant.
 _LOCK_FREED_AFTER_DEATH = 30.0
+
+
+@dataclass
+class _Backoff:
+    """How long an entry whose runs fail before they start waits before its next try: 1 s,
+    then twice the last wait, at most ``CAP`` seconds (a handful of tries a minute)."""
+
+    FIRST = 1.0
+    CAP = 60.0
+
+    wait: float = 0.0
+    until: float = 0.0  # time.monotonic()
+
+    def again(self) -> None:
+        self.wait = min(2 * self.wait, self.CAP) if self.wait else self.FIRST
+        self.until = time.monotonic() + self.wait
 
 
 @dataclass
@@ -209,6 +231,9 @@ class Scheduler:
         # wait before the next try.
         self._outage_since: float | None = None
         self._retry_in = 0.0
+        self._refused = False  # the outage is a refusal to lock (``is_refusal``)
+        # Entries whose last run failed before it started: no run until their backoff ends.
+        self._held_back: dict[str, _Backoff] = {}
         self.heartbeat = Heartbeat(using)
         self.heartbeat_interval = heartbeat_interval()  # read once: ValueError if bad
         self.task_ends = TaskEnds(using)
@@ -253,7 +278,7 @@ class Scheduler:
                     self.start_due()
                     self.pool.fill()  # in place of workers that died (a fork each)
                 except Exception as error:
-                    if not is_outage(error):
+                    if not (is_outage(error) or is_refusal(error)):
                         raise
                     next_sweep = self._next_beat = 0.0  # once it is back
                     polled_at = followed_at = -math.inf
@@ -285,6 +310,8 @@ class Scheduler:
             # At once: an entry with more slots due (catch_up "all") claims again for each.
             unclaim, self._unclaim = self._unclaim, []
             self.claims.release(unclaim)
+            for name in self._held_back:
+                pending[name] = []  # its run failed before it started: said, and not retried
             ready = [name for name, slots in pending.items() if slots and not self.busy(name)]
             batch = ready[: len(self.pool.idle())]
             claimed = set(self.claims.claim(batch)) if batch else set()
@@ -442,25 +469,35 @@ class Scheduler:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self._retry_in = _RETRY_FIRST
+            self._refused = is_refusal(error) and not is_outage(error)
             summary = (str(error).strip().splitlines() or [""])[0]
             logger.warning(
-                "run_jobs: the database %r is unreachable (%s: %s); no run starts until it is "
-                "back. Retrying, at most %gs apart.",
+                "run_jobs: the database %r %s (%s: %s); no run starts until %s. "
+                "Retrying, at most %gs apart.",
                 self.using,
+                "takes no lock now" if self._refused else "is unreachable",
                 type(error).__name__,
                 summary,
+                "it takes locks again" if self._refused else "it is back",
                 RETRY_CAP,
             )
         else:
             self._retry_in = min(2 * self._retry_in, RETRY_CAP)
         return self._retry_in
 
+    def _holds_back(self, name: str) -> bool:
+        held = self._held_back.get(name)
+        return held is not None and time.monotonic() < held.until
+
     def _outage_over(self) -> None:
         assert self._outage_since is not None
         lasted = time.monotonic() - self._outage_since
         self._outage_since = None
         logger.info(
-            "run_jobs: the database %r is back after %.1fs; scheduling again.", self.using, lasted
+            "run_jobs: the database %r %s after %.1fs; scheduling again.",
+            self.using,
+            "takes locks again" if self._refused else "is back",
+            lasted,
         )
 
     def start_due(self) -> None:
@@ -480,7 +517,7 @@ class Scheduler:
         now = self.now()
         candidates: dict[str, Due] = {}  # per entry with no run going here: its next slot
         for name in self._order:
-            if self.busy(name) or name in self.claims.held:
+            if self.busy(name) or name in self.claims.held or self._holds_back(name):
                 continue  # one run of an entry at a time
             for due in self._candidates(self.entries[name], now):
                 if (name, due.slot) not in self._settled and (
@@ -522,7 +559,9 @@ class Scheduler:
         """Start the pending run-now requests of the entries that have no run going here,
         each once its entry is claimed here (a request of an entry claimed elsewhere waits
         for the next look)."""
-        idle = [name for name in self.entries if not self.busy(name)]
+        idle = [
+            name for name in self.entries if not self.busy(name) and not self._holds_back(name)
+        ]
         free = len(self.pool.idle())
         if not idle or not free:
             return
@@ -691,9 +730,10 @@ class Scheduler:
         ended = False
         for name, child in list(self.children.items()):
             worker = child.worker
-            status = worker.answer()
-            died = status is None
-            if died:
+            answer = worker.answer()
+            died = answer is None
+            why = ""
+            if answer is None:
                 if worker.process.is_alive():
                     timeout = child.entry.timeout
                     if timeout is not None and time.monotonic() - child.run.started > timeout:
@@ -703,6 +743,7 @@ class Scheduler:
                 status = worker.process.exitcode
                 self.pool.remove(worker)  # a new worker takes its place (``Pool.fill``)
             else:
+                status, why = answer
                 worker.run = None
                 self._unclaim.append(name)  # else once its death is recorded
                 if status == LOST:
@@ -712,7 +753,7 @@ class Scheduler:
                     self.pool.remove(worker)
             del self.children[name]
             ended = True
-            self._ended(child, status, died=died)
+            self._ended(child, status, died=died, why=why)
         return ended
 
     def kill(self, child: Child, because: str) -> None:
@@ -721,10 +762,27 @@ class Scheduler:
         child.process.kill()
         child.process.join()
 
-    def _ended(self, child: Child, status: int | None, *, died: bool) -> None:
+    def _ended(self, child: Child, status: int | None, *, died: bool, why: str = "") -> None:
         name = child.entry.name
         run = f"{name} [{child.slot}]"
         self._due.pop(name, None)  # its missed slots (catch_up "all") are looked at again
+        if not died and status == NOT_STARTED:
+            self.failed += 1
+            self._settled.discard((name, child.slot))
+            held = self._held_back.get(name)
+            if held is None:
+                self.say(
+                    f"run_jobs: {run} did not start ({why}); nothing was recorded. The runs "
+                    f"of {name} are tried again, at most {_Backoff.CAP:g}s apart, until one "
+                    f"starts."
+                )
+                held = self._held_back[name] = _Backoff()
+            held.again()
+            return
+        if name in self._held_back and not died:
+            # It reached its job (or its slot was taken): the entry's runs start again.
+            del self._held_back[name]
+            self.say(f"run_jobs: {name} starts its runs again.")
         if name in self._asked:
             # A request for the entry heard while this run went on was left for now.
             self._asked.discard(name)

@@ -52,6 +52,9 @@ FAILED = 1
 LOST = 2
 #: ... it did not run: the entry's lock was busy, or the slot taken or done.
 SKIPPED = 3
+#: ... it failed before it started: its lock or its claim was refused (a read-only server,
+#: the ledger's tables missing...); nothing was recorded. The answer says why.
+NOT_STARTED = 4
 #: How many workers a scheduler forks when ``run_jobs --workers`` does not say.
 DEFAULT_WORKERS = 4
 #: Seconds a worker waits for its next run before it closes its connections.
@@ -86,14 +89,15 @@ class Worker:
         self.run = run
         self.jobs.send((run.entry, run.slot, run.manual))
 
-    def answer(self) -> int | None:
-        """The exit status of the worker's run if it has answered, without waiting."""
+    def answer(self) -> tuple[int, str] | None:
+        """The exit status of the worker's run and, if it did not start, why; without
+        waiting (None: no answer)."""
         if self.run is not None and self.jobs.poll():
             try:
-                status: int = self.jobs.recv()
+                answer: tuple[int, str] = self.jobs.recv()
             except (EOFError, OSError):
                 return None  # it died while it answered: reaped as a death
-            return status
+            return answer
         return None
 
     def close(self) -> None:
@@ -208,12 +212,12 @@ def _serve(
             entry, slot, manual = jobs.recv()
         except (EOFError, OSError):
             _exit(0)
-        status = run_slot(entry, slot, using, manual, lock_connection)
-        if status in (FAILED, LOST):
+        status, why = run_slot(entry, slot, using, manual, lock_connection)
+        if status in (FAILED, LOST, NOT_STARTED):
             connections.close_all()  # the next run starts on fresh connections
         sys.stdout.flush()
         sys.stderr.flush()
-        jobs.send(status)
+        jobs.send((status, why))
         if status == LOST:
             # The run's lock went while it ran: whatever the job left behind (a thread, a
             # child process) may still be at work without it, so the worker ends with its
@@ -223,11 +227,11 @@ def _serve(
 
 def run_slot(
     entry: Entry, slot: str, using: str, manual: bool, lock_connection: BaseDatabaseWrapper
-) -> int:
+) -> tuple[int, str]:
     """Take the entry's lock, claim the slot, run the job, record its end: SUCCEEDED,
-    FAILED or SKIPPED. A ``manual`` (run-now) slot waits for a run of the entry going on
-    elsewhere (its request is pending until its slot has an attempt, an hour at most), and
-    is attempted once."""
+    FAILED, LOST or SKIPPED; NOT_STARTED with why (the scheduler says it, once). A
+    ``manual`` (run-now) slot waits for a run of the entry going on elsewhere (its request
+    is pending until its slot has an attempt, an hour at most), and is attempted once."""
     run = GuardedRun(
         entry.lock_key(),
         using=using,
@@ -242,11 +246,12 @@ def run_slot(
     try:
         started = run.start()
     except Exception as exc:
-        logger.error("%s [%s] failed before it started: %r", entry.name, slot, exc)
-        return FAILED
+        logger.debug("%s [%s] failed before it started: %r", entry.name, slot, exc)
+        summary = (str(exc).strip().splitlines() or [""])[0]
+        return NOT_STARTED, f"{type(exc).__name__}: {summary}"
     if not started:
         logger.debug("%s", run.skipped)
-        return SKIPPED
+        return SKIPPED, ""
     try:
         done = entry.target()()
         if entry.task is not None:
@@ -255,13 +260,13 @@ def run_slot(
         with contextlib.suppress(BaseException):  # a LockLost: the run is recorded failed
             run.end(exc)
         logger.error("%s [%s] failed: %r", entry.name, slot, exc)
-        return _failed(run, exc)
+        return _failed(run, exc), ""
     try:
         run.end(None)
     except Exception as exc:
         logger.error("%s [%s] failed: %r", entry.name, slot, exc)
-        return _failed(run, exc)
-    return SUCCEEDED
+        return _failed(run, exc), ""
+    return SUCCEEDED, ""
 
 
 def _failed(run: GuardedRun, exc: BaseException) -> int:

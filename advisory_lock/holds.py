@@ -184,13 +184,23 @@ class SessionHold(LockHandle):
         except LockLost as error:
             return self._lost(exc, str(error))
         except DatabaseError as error:
+            usable = self.connection.is_usable()
             # Close the connection, which releases the lock, so that nobody reuses a
             # connection whose locks are in an unknown state.
             locks.discard_session()
+            if not usable:
+                # The session broke (killed, the server restarted or failed over): the
+                # database released its locks when it ended, at some point during the block.
+                return self._lost(
+                    exc,
+                    f"was lost during the block: the connection holding it broke ({error}).",
+                    error,
+                )
             return self._lost(
                 exc,
                 f"could not be released ({error}); the connection was closed, which releases it.",
                 error,
+                during=False,
             )
         if not released:
             return self._lost(
@@ -203,10 +213,21 @@ class SessionHold(LockHandle):
         return None
 
     def _lost(
-        self, exc: BaseException | None, what: str, cause: BaseException | None = None
+        self,
+        exc: BaseException | None,
+        what: str,
+        cause: BaseException | None = None,
+        *,
+        during: bool = True,
     ) -> None:
-        """Raise LockLost, unless an exception is already propagating (then log and keep it)."""
+        """Raise LockLost, unless an exception is already propagating (then log and keep it).
+        ``during``: the lock went during the block, so exclusion may have been broken."""
         message = f"Lock {self.lock_key.label} on database {self.using!r} {what}"
+        if during:
+            message += (
+                " Another process may have taken it since the loss: the block may not have "
+                "run alone."
+            )
         signals.send(signals.lock_lost, self._lock, self)
         if metrics.recorder is not None:
             metrics.recorder.lost(self._locks.backend.vendor, self.using)

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.test.utils import CaptureQueriesContext
 
 from advisory_lock import AdvisoryLockError
+from advisory_lock import LockLost
 from advisory_lock import LockNotAcquired
 from advisory_lock import NotSupportedError
 from advisory_lock import advisory_lock
@@ -311,6 +312,29 @@ def test_a_killed_holder_connection_frees_the_lock(using):
                 assert freed("victim", using)
 
     in_other_connection(take_and_get_killed)
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_plain_lock_lost_during_its_block_says_that_exclusion_may_have_been_broken(using):
+    """Regression (issue 31): the holder learned of the loss at the block's end as "could not
+    be released ... the connection was closed, which releases it", which reads like a hiccup,
+    while another process had held the lock meanwhile."""
+    raised: list[LockLost] = []
+
+    def take_and_get_killed():
+        with pytest.raises(LockLost) as lost:
+            with advisory_lock("import:tenant-42", using=using):
+                kill_connection_of(using)
+                # Another session can take the lock: the block no longer runs alone.
+                assert freed("import:tenant-42", using)
+        raised.append(lost.value)
+
+    in_other_connection(take_and_get_killed)
+    [error] = raised
+    message = str(error)
+    assert "was lost during the block" in message, message
+    assert "may not have run alone" in message, message
+    assert "which releases it" not in message, message
 
 
 # SQLite

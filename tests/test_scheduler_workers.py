@@ -17,12 +17,12 @@ from advisory_lock import JobRun
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.keys import make_key
-from advisory_lock.scheduling.control import JobControl
 from tests.schedule_jobs import runs
 from tests.schedulers import JOBS
 from tests.schedulers import alive
 from tests.schedulers import wait_for
 from tests.servers import kill_connection_of
+from tests.test_control_room import controls  # noqa: F401 (a fixture)
 
 Status = JobRun.Status
 #: Slots of the ticking entry to see run after the stuck run's worker was stopped.
@@ -76,7 +76,13 @@ def children_of(pid: int) -> set[int]:
 
 
 @pytest.mark.parametrize("using", ["default", "postgresql", "mysql"], indirect=True)
-def test_an_idle_worker_killed_from_outside_is_replaced(using, ledger, schedulers, tmp_path):
+def test_an_idle_worker_killed_from_outside_is_replaced(
+    using,
+    ledger,
+    controls,  # noqa: F811 (the fixture: its run-now row is deleted after the test)
+    schedulers,
+    tmp_path,
+):
     """Regression: an idle worker that died (an operator's SIGKILL, the OOM killer) stayed in
     its pool as a dead worker that was never given a run nor replaced: with one worker, its
     scheduler ran nothing more. Now the pool forks another in its place."""
@@ -91,7 +97,7 @@ def test_an_idle_worker_killed_from_outside_is_replaced(using, ledger, scheduler
     wait_for(lambda: not alive(first["pid"]), "the killed worker reaped by its scheduler")
     status, out, err = run_jobs_command(schedulers, schedule, "--run-now", "hourly")
     assert status == 0, out + err
-    request = JobControl.objects.using(using).get(job_name="hourly")
+    request = controls.get(job_name="hourly")
     manual = wait_for(
         ledger.filter(period=request.slot, status=Status.SUCCEEDED).first, "the run-now slot"
     )

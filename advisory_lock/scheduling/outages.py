@@ -5,6 +5,8 @@ demoted) and may take them again without a restart."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from django.db import utils
 
 from advisory_lock.backends import driver_error_is_outage
@@ -18,15 +20,21 @@ def is_outage(error: BaseException) -> bool:
     driver's code says that the statement itself failed (MySQL's unknown column, a statement
     timeout); the socket's errors; and any error whose cause (``raise ... from``) is one.
     Anything else is a bug, or a statement the database refuses: not an outage."""
+    for cause in _chain(error):
+        verdict = _says_outage(cause)
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then its cause (``raise ... from``), its cause's, and so on (a loop once)."""
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        verdict = _says_outage(cause)
-        if verdict is not None:
-            return verdict
+        yield cause
         cause = cause.__cause__
-    return False
 
 
 def _says_outage(error: BaseException) -> bool | None:
@@ -50,11 +58,4 @@ def is_refusal(error: BaseException) -> bool:
     ``ReplicaError`` (the server is read-only: a replica, or a primary demoted by a failover,
     which a new connection may no longer reach: libpq's ``target_session_attrs=read-write``
     and a proxy's health check lead it to the new primary), or an error caused by one."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, ReplicaError):
-            return True
-        cause = cause.__cause__
-    return False
+    return any(isinstance(cause, ReplicaError) for cause in _chain(error))

@@ -449,25 +449,31 @@ def test_behind_an_undeclared_transaction_pooler_requests_are_polled_every_secon
     notifications it drops ("got packet 'A' from server when not linked"): it heard nothing,
     said nothing, and with ``--poll-interval 3600`` a run-now waited for the next poll, an
     hour. Now its listening connection's own test notification never arrives: it says so
-    once, and looks for requests every second."""
-    schedule = {"report": {"callable": f"{JOBS}.tick", "every": long_interval(using)}}
+    once, and looks for requests every second.
+
+    The entry's slots fall due once a year, and a slot that fell due over a minute ago is
+    not caught up (``catch_up: "none"``): no run of it goes on before the request, whose
+    session locks the pooler would scatter over its server connections (one left on a
+    server connection that the request's claim then meets: an undeclared pooler breaks
+    session locks, which is why the warning says to declare it)."""
+    schedule = {"report": {"callable": f"{JOBS}.tick", "cron": "0 0 1 1 *", "catch_up": "none"}}
     with start_pgbouncer(pool_mode="transaction") as bouncer:
         bounced = bounced_settings(tmp_path, "bounced", bouncer)
         process = schedulers.start(schedule, *HOUR, *bounced)
-        # Its first run (a new entry's latest due slot) has ended, and its LISTEN came
-        # before: the polls that a listening connection's opening or a run's end bring have
-        # been made. The next poll of the interval is an hour away, the hang guard a minute.
-        polled_since_its_runs(using, schedulers, process, "report")
+        # The warning, then two heartbeats: the pass that said it has ended, and so have the
+        # polls of the scheduler's start. The next poll of the interval is an hour away, the
+        # hang guard a minute.
+        errors = schedulers.folder / f"run_jobs.{process.number}.err"
+        alive_until(process, lambda: UNHEARD in errors.read_text(), "the warning")
+        beats_after(using, process, server_now(using), 2)
 
         status, out, err = run_jobs(schedulers, schedule, "--run-now", "report")
         assert status == 0, out + err
-        [request] = controls.all()
+        [request] = controls.filter(action=JobControl.Action.RUN_NOW)
         started = f"report [{request.slot}] started"
         alive_until(process, lambda: started in output(schedulers, process), "the request's run")
 
-        # Said once: the warning, then two heartbeats, then the scheduler stopped.
-        errors = schedulers.folder / f"run_jobs.{process.number}.err"
-        alive_until(process, lambda: UNHEARD in errors.read_text(), "the warning")
+        # Said once: two more heartbeats, then the scheduler stopped.
         beats_after(using, process, server_now(using), 2)
         process.send_signal(signal.SIGTERM)
         status, out, err = schedulers.finish(process)

@@ -26,13 +26,18 @@ import subprocess
 import sys
 
 import pytest
+from django.db import connections
 
 from advisory_lock import JobRun
+from advisory_lock.backends import backend_for
+from advisory_lock.backends import inspector_for
+from advisory_lock.keys import make_key
 from tests.replica import connect_mariadb
 from tests.replica import mariadb_read_only  # noqa: F401 (a fixture, asked for by name)
 from tests.schedulers import JOBS
 from tests.schedulers import ROOT
 from tests.schedulers import wait_for
+from tests.servers import kill_connection_of
 from tests.test_control_room import heartbeats  # noqa: F401 (a fixture)
 
 Status = JobRun.Status
@@ -155,3 +160,72 @@ def test_runs_refused_in_their_worker_are_held_back_and_said_once(
     assert 1 <= out.count("started (pid") <= MOST_RUNS + 1, out
     assert "ERROR" not in err and "Traceback" not in err, err
     assert not ledger.exists()  # refused before its claim: nothing recorded
+
+
+#: The pair of 32-bit keys (PostgreSQL's two-key advisory locks, apart from the bigint
+#: keys the app takes) on which the trigger below holds an atomic run's fence.
+FENCE_PAUSE = (31, 1)
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_a_run_claimed_then_stopped_before_its_body_is_said_failed_not_unstarted(
+    using, ledger, schedulers
+):
+    """Regression (CI, a run through an undeclared transaction pooler): a run whose lock was
+    lost after its claim, before its body, was said "did not start ...; nothing was
+    recorded" and its entry held back, while the ledger recorded the attempt failed. It is
+    said failed, as recorded, and its worker ends (the lock went while it held the run).
+
+    The loss is made between the claim and the body: a trigger makes the atomic run's first
+    statement after its claim (the UPDATE that locks its row) wait for a lock that the test
+    holds; meanwhile the test terminates the run's lock connection."""
+    connection = connections[using]
+    table = JobRun._meta.db_table
+    schedule = {"fenced": {"callable": f"{JOBS}.tick", "every": 3600, "atomic": True}}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION pause_the_fence() RETURNS trigger AS $$ BEGIN "
+            f"PERFORM pg_advisory_xact_lock_shared({FENCE_PAUSE[0]}, {FENCE_PAUSE[1]}); "
+            "RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER pause_the_fence BEFORE UPDATE ON {table} FOR EACH ROW WHEN "
+            "(OLD.job_name = 'fenced' AND OLD.status = 'running' AND NEW.status = 'running') "
+            "EXECUTE FUNCTION pause_the_fence()"
+        )
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", FENCE_PAUSE)
+    try:
+        process = schedulers.start(schedule)
+        wait_for(lambda: _waiting_at_the_fence(using), "the run's fence waiting")
+        assert ledger.get(job_name="fenced").status == Status.RUNNING  # claimed
+        key = backend_for(connection).db_key(make_key("schedule:fenced"))
+        holder = inspector_for(connection).holder(key)
+        assert holder is not None
+        kill_connection_of(using, holder.id)
+        wait_for(lambda: inspector_for(connection).holder(key) is None, "the lock let go")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", FENCE_PAUSE)
+            cursor.execute(f"DROP TRIGGER pause_the_fence ON {table}")
+            cursor.execute("DROP FUNCTION pause_the_fence()")
+    failed = wait_for(
+        ledger.filter(job_name="fenced", status=Status.FAILED).first, "the run recorded failed"
+    )
+    assert "lost" in failed.error, failed.error
+    said = ("failed.", "did not start")
+    wait_for(lambda: any(w in output(schedulers, process) for w in said), "the run's end said")
+    process.send_signal(signal.SIGTERM)
+    status, out, err = schedulers.finish(process)
+    assert status == 0, out + err
+    assert f"fenced [{failed.period}] failed." in out, out
+    assert "did not start" not in out and "nothing was recorded" not in out, out
+
+
+def _waiting_at_the_fence(using: str) -> bool:
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND objid = %s AND objsubid = 2 AND NOT granted",
+            FENCE_PAUSE,
+        )
+        return cursor.fetchone() is not None

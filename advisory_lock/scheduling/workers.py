@@ -229,7 +229,8 @@ def run_slot(
     entry: Entry, slot: str, using: str, manual: bool, lock_connection: BaseDatabaseWrapper
 ) -> tuple[int, str]:
     """Take the entry's lock, claim the slot, run the job, record its end: SUCCEEDED,
-    FAILED, LOST or SKIPPED; NOT_STARTED with why (the scheduler says it, once). A
+    FAILED, LOST or SKIPPED; NOT_STARTED with why when it failed before its claim, nothing
+    recorded (the scheduler says it, once). A
     ``manual`` (run-now) slot waits for a run of the entry going on elsewhere (its request
     is pending until its slot has an attempt, an hour at most), and is attempted once."""
     run = GuardedRun(
@@ -246,6 +247,11 @@ def run_slot(
     try:
         started = run.start()
     except Exception as exc:
+        if run.run is not None:
+            # Claimed, then stopped before its body (its lock lost since it was taken):
+            # start() recorded the attempt failed, so it counts, and is said, as one.
+            logger.error("%s [%s] failed before its body: %r", entry.name, slot, exc)
+            return _failed(run, exc), ""
         logger.debug("%s [%s] failed before it started: %r", entry.name, slot, exc)
         summary = (str(exc).strip().splitlines() or [""])[0]
         return NOT_STARTED, f"{type(exc).__name__}: {summary}"

@@ -457,11 +457,12 @@ def finish(
         }
         if status == Status.ENQUEUED:
             end = {"task_id": task_id}  # it ends when its task does
+        written = {"status": status.value, "error": storable_error(error), **end}
         try:
             # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) a refused
             # UPDATE must not doom it (PostgreSQL aborts it on any error): a savepoint.
             with _savepoint_if_in_transaction(using):
-                updated = running.update(status=status, error=storable_error(error), **end)
+                updated = running.update(**written)
         except IntegrityError:
             # The UPDATE changes no column of the (job, slot, attempt) constraint: only the
             # one-success-per-slot index can refuse it, for a success, when another row of
@@ -474,10 +475,18 @@ def finish(
             if status != Status.SUCCEEDED or success is None:
                 raise
             refused.append(_already_succeeded(run, success))
-            updated = running.update(status=Status.FAILED, error=refused[0], **end)
-        # Read back here too, not in the caller's thread: a worker thread of async code
-        # would keep the connection that read opened.
-        run.refresh_from_db(using=using)
+            written = {"status": Status.FAILED.value, "error": refused[0], **end}
+            updated = running.update(**written)
+        if updated:
+            # The row holds what was written (the fence matched it by primary key): the
+            # same values in memory, without reading them back.
+            for field, value in written.items():
+                setattr(run, field, value)
+        else:
+            # Taken over: what it was marked with, for the message. Read here, not in the
+            # caller's thread: a worker thread of async code would keep the connection
+            # that read opened.
+            run.refresh_from_db(using=using)
         return updated
 
     try:

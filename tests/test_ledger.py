@@ -13,10 +13,12 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from advisory_lock import JobRun
+from advisory_lock import LockLost
 from advisory_lock import advisory_lock
 from advisory_lock import run_once
 from advisory_lock.keys import make_key
 from advisory_lock.ledger import _claim
+from advisory_lock.ledger import finish as record_end
 from advisory_lock.periods import slot
 from tests.commands import finish
 from tests.commands import start
@@ -362,3 +364,49 @@ def test_a_failure_whose_message_the_database_cant_store_is_recorded_escaped(led
     [run] = ledger.filter(job_name="unstorable-error")
     assert run.status == JobRun.Status.FAILED
     assert "ValueError: bad \\x00 byte, and \\udcff" in run.error
+
+
+#: Every end that ``finish()`` records: (keyword arguments, the status recorded).
+ENDS = {
+    "succeeded": ({}, JobRun.Status.SUCCEEDED),
+    "failed": ({"error": "Traceback...\nRuntimeError: boom \x00 \udcff"}, JobRun.Status.FAILED),
+    "enqueued": ({"task_id": "task-42"}, JobRun.Status.ENQUEUED),
+    "refused-success": ({}, JobRun.Status.FAILED),
+}
+#: The fields that an end writes (``task_id`` for an enqueue).
+END_FIELDS = ["status", "error", "finished_at", "duration", "task_id"]
+
+
+def test_ends_cover_every_status_a_run_ends_with():
+    ended = {status for _, status in ENDS.values()}
+    # A run starts running; abandoned is a claim's word on someone else's run.
+    assert ended == set(JobRun.Status) - {JobRun.Status.RUNNING, JobRun.Status.ABANDONED}
+
+
+@pytest.mark.parametrize("end", ENDS)
+def test_the_ended_run_in_memory_is_the_row_without_reading_it_back(ledger, using, end):
+    """The end is the UPDATE alone (and the database's clock): the caller's run object gets
+    the values written, which are those the row holds, for every end."""
+    kwargs, status = ENDS[end]
+    if end == "refused-success":
+        earlier = ledger.claim("report")
+        ledger.finish(earlier, error="boom")
+    run = ledger.claim("report")
+    if end == "refused-success":
+        ledger.filter(pk=earlier.pk).update(status=JobRun.Status.SUCCEEDED)  # by hand
+    connection = connections[using]
+    with override_settings(ADVISORY_LOCK={"LEDGER_IN_CALLERS_TRANSACTION": True}):
+        with CaptureQueriesContext(connection) as statements:
+            try:
+                record_end(using, run, **kwargs)
+            except LockLost:
+                assert end == "refused-success"
+    row = ledger.get(pk=run.pk)
+    assert row.status == status
+    assert {f: getattr(run, f) for f in END_FIELDS} == {f: getattr(row, f) for f in END_FIELDS}
+    ledger_statements = [q["sql"] for q in statements if "job_runs" in q["sql"]]
+    # Nothing read after the last write. (The refused success: the refused UPDATE, whose
+    # text MySQLdb reports as the previous statement's, the success's row, the failed one.)
+    assert ledger_statements[-1].split()[0] == "UPDATE"
+    if end != "refused-success":
+        assert [sql.split()[0] for sql in ledger_statements] == ["UPDATE"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import logging
 import math
 import random
@@ -56,6 +57,7 @@ import signal
 import time
 import zlib
 from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -514,24 +516,22 @@ class Scheduler:
         wanted = 2 * self.pool.size - len(self.children) - len(self._ready)
         if wanted <= 0:
             return
-        now = self.now()
-        candidates: dict[str, Due] = {}  # per entry with no run going here: its next slot
-        for name in self._order:
-            if self.busy(name) or name in self.claims.held or self._holds_back(name):
-                continue  # one run of an entry at a time
-            for due in self._candidates(self.entries[name], now):
-                if (name, due.slot) not in self._settled and (
-                    name,
-                    due.slot,
-                ) not in self._elsewhere:
-                    candidates[name] = due
-                    break
-        while candidates and wanted > 0 and not self.stopping:
+        pending = self._next_slots(self.now())
+        while wanted > 0 and not self.stopping:
             # Its own entries (``share``) as many as its workers can take; then the others'
             # all in one statement: most are taken by their own schedulers (one statement
             # says so for all), and those that are not (theirs busy, or dead) wait here.
-            names = list(candidates)
-            batch = names[:wanted] if names[0] in self._own else names
+            # The entries are looked at only as far as that: a pass while a boundary's slots
+            # are being run stops at the first few not yet run.
+            first = next(pending, None)
+            if first is None:
+                break
+            candidates = dict([first])
+            if first[0] in self._own:
+                candidates.update(itertools.islice(pending, wanted - 1))
+            else:
+                candidates.update(pending)
+            batch = list(candidates)
             claimed = set(self.claims.claim(batch))
             chosen = {}
             for name in batch:
@@ -548,6 +548,21 @@ class Scheduler:
             wanted -= len(ready)
             self._start_ready()
             self.beat_if_due()
+
+    def _next_slots(self, now: datetime.datetime) -> Iterator[tuple[str, Due]]:
+        """The next slot of each entry with no run going here, claimed by no one here, not
+        held back, and neither settled nor known to be another scheduler's: in ``_order``
+        (its own first), each looked at when the caller asks for it."""
+        for name in self._order:
+            if self.busy(name) or name in self.claims.held or self._holds_back(name):
+                continue  # one run of an entry at a time
+            for due in self._candidates(self.entries[name], now):
+                if (name, due.slot) not in self._settled and (
+                    name,
+                    due.slot,
+                ) not in self._elsewhere:
+                    yield name, due
+                    break
 
     def _start_ready(self) -> None:
         """Give the claimed slots waiting here to the free workers, oldest claim first."""

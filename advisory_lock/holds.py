@@ -43,6 +43,7 @@ from advisory_lock import signals
 from advisory_lock.backends import backend_for
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.exceptions import LockLost
+from advisory_lock.heartbeat import Heartbeat
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 
@@ -72,7 +73,17 @@ class LockHandle:
     ends.
     """
 
-    __slots__ = ("_lock", "_outer", "acquired_at", "connection", "db_key", "scope", "wait_time")
+    __slots__ = (
+        "_heartbeat",
+        "_lock",
+        "_outer",
+        "acquired_at",
+        "connection",
+        "db_key",
+        "lost",
+        "scope",
+        "wait_time",
+    )
 
     #: Whether the lock was taken.
     acquired: ClassVar[bool] = False
@@ -97,6 +108,9 @@ class LockHandle:
         #: ``time.monotonic()`` when the lock was taken; None if it was not.
         self.acquired_at = acquired_at
         self._outer: LockHandle | None = None  # the handle of the block this one is in
+        #: Set when the lock's heartbeat (``advisory_lock(..., heartbeat=N)``) found it lost.
+        self.lost = False
+        self._heartbeat: Heartbeat | None = None
 
     def __bool__(self) -> bool:
         return self.acquired
@@ -123,8 +137,24 @@ class LockHandle:
     def lock_key(self) -> LockKey:
         return self._lock.lock_key
 
+    def check(self) -> None:
+        """Raise ``LockLost`` if the lock's heartbeat found it lost (no statement): call it
+        between steps of long work under the lock."""
+        if self.lost:
+            raise LockLost(
+                f"Lock {self.lock_key.label} on database {self.using!r} was lost during the "
+                f"block: its heartbeat found it no longer held by the session that took it "
+                f"(the connection was killed or cut, or the server failed over). Another "
+                f"process may have taken it since: the block is no longer running alone."
+            )
+
     def end_of_block(self, exc: BaseException | None) -> None:
         """The block ends: nothing to release, the lock was not taken."""
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
 
 class SessionHold(LockHandle):
@@ -151,6 +181,8 @@ class SessionHold(LockHandle):
         self.wait_time = wait_time
         self.acquired_at = acquired_at
         self._outer = None
+        self.lost = False
+        self._heartbeat = None
         self._locks = locks
         self._session = locks.backend.session()  # the lock lives as long as it
         self._ended = False
@@ -158,6 +190,8 @@ class SessionHold(LockHandle):
         locks.session_holds.append(self)
 
     def end_of_block(self, exc: BaseException | None) -> None:
+        if self._heartbeat is not None:
+            self._stop_heartbeat()
         if self._ended:
             return  # the request-end safety net released it already
         self._ended = True
@@ -263,6 +297,11 @@ class TransactionHold(LockHandle):
         elif signals.lock_released.receivers or metrics.recorder is not None:
             # The server releases it; the signals and metrics hear of it at the same moment.
             locks.at_transaction_end(locks.released_by_the_server, self)
+
+    def end_of_block(self, exc: BaseException | None) -> None:
+        """The block ends: its transaction ends the hold; the heartbeat stops now."""
+        if self._heartbeat is not None:
+            self._stop_heartbeat()
 
 
 class _TransactionEnd:

@@ -21,6 +21,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from time import monotonic
@@ -37,9 +38,11 @@ from advisory_lock import metrics
 from advisory_lock import signals
 from advisory_lock.async_locks import acquire_in_turn
 from advisory_lock.async_locks import release_in_thread
+from advisory_lock.backends import backend_for
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.exceptions import LockNotAcquired
 from advisory_lock.exceptions import NotSupportedError
+from advisory_lock.heartbeat import Heartbeat
 from advisory_lock.holds import ConnectionLocks
 from advisory_lock.holds import LockHandle
 from advisory_lock.holds import SessionHold
@@ -55,6 +58,11 @@ from advisory_lock.validation import check_seconds
 logger = logging.getLogger("advisory_lock")
 
 Scope = Literal["auto", "session", "transaction"]
+#: What a heartbeat does on a loss, besides setting the handle's ``lost``: call this, or
+#: cancel the asyncio task that holds the lock.
+OnLost = Callable[[LockHandle], None] | Literal["cancel"] | None
+#: The message of the cancellation that a heartbeat sends ("cancel").
+LOST_CANCEL = "advisory_lock: the lock was lost"
 SCOPES = ("auto", "session", "transaction")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +81,18 @@ class AdvisoryLock:
     object is reusable; as a decorator each call takes the lock anew.
     """
 
-    __slots__ = ("_timeout", "key", "lock_key", "scope", "shared", "timeout", "using", "wait")
+    __slots__ = (
+        "_timeout",
+        "heartbeat",
+        "key",
+        "lock_key",
+        "on_lost",
+        "scope",
+        "shared",
+        "timeout",
+        "using",
+        "wait",
+    )
 
     def __init__(
         self,
@@ -84,6 +103,8 @@ class AdvisoryLock:
         timeout: float | None = None,
         shared: bool = False,
         scope: Scope = "auto",
+        heartbeat: float | None = None,
+        on_lost: OnLost = None,
     ) -> None:
         self.lock_key = make_key(key)
         #: The key as given (a LockKey, as read back from a ledger row, reads as its value).
@@ -107,18 +128,34 @@ class AdvisoryLock:
             self._timeout = 0
         else:
             self._timeout = None if timeout is None else check_seconds("timeout", timeout)
+        #: Seconds between the checks of a held lock's heartbeat (``heartbeat``), or None.
+        self.heartbeat = (
+            None if heartbeat is None else check_seconds("heartbeat", heartbeat, allow_zero=False)
+        )
+        if on_lost is not None and not (on_lost == "cancel" or callable(on_lost)):
+            raise TypeError(f"on_lost must be a callable or 'cancel'; got {on_lost!r}.")
+        if on_lost is not None and heartbeat is None:
+            raise ValueError(
+                "on_lost= is called when the lock's heartbeat finds it lost: pass heartbeat= "
+                "(seconds between its checks) too."
+            )
+        self.on_lost = on_lost
 
     def __repr__(self) -> str:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
 
     def __enter__(self) -> LockHandle:
         # acquire(), inlined: this is the hot path.
+        if self.on_lost == "cancel":
+            self._refuse_cancel()
         connection = connections[self.using]
         handle = self._take(connection, connection_locks(connection), self._timeout)
         if metrics.recorder is not None:
             self._record(handle, handle.wait_time)
         if not handle.acquired:
             self._busy(handle)
+        elif self.heartbeat is not None:
+            self._start_heartbeat(handle, None)
         handle._outer = _innermost.get()
         _innermost.set(handle)
         return handle
@@ -168,12 +205,16 @@ class AdvisoryLock:
         ``__enter__`` without the bookkeeping of nested blocks: end the hold with
         ``release()``.
         """
+        if self.on_lost == "cancel":
+            self._refuse_cancel()
         connection = connections[self.using]
         handle = self._take(connection, connection_locks(connection), self._timeout)
         if metrics.recorder is not None:
             self._record(handle, handle.wait_time)
         if not handle.acquired:
             self._busy(handle)
+        elif self.heartbeat is not None:
+            self._start_heartbeat(handle, None)
         return handle
 
     def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
@@ -260,6 +301,44 @@ class AdvisoryLock:
             signals.send(signals.lock_acquired, self, handle)
         return handle
 
+    def _refuse_cancel(self) -> None:
+        raise ValueError(
+            "on_lost='cancel' cancels the asyncio task that holds the lock: use it with "
+            "async with (or on an async def), or pass a callable."
+        )
+
+    def _start_heartbeat(
+        self, handle: LockHandle, task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None
+    ) -> None:
+        """Watch ``handle``'s lock (see ``heartbeat``), in the thread that took it. On a
+        loss: ``lost`` is set, a warning is logged, then ``on_lost(handle)`` is called, or
+        the holding ``task`` (its loop, itself) is cancelled with ``on_lost="cancel"``."""
+        assert self.heartbeat is not None
+        on_lost = self.on_lost
+
+        def lost() -> None:
+            handle.lost = True
+            logger.warning(
+                "Lock %s on database %r was lost: its heartbeat found it no longer held by "
+                "the session that took it. Another process may take it now.",
+                self.lock_key.label,
+                self.using,
+            )
+            if task is not None and on_lost == "cancel":
+                loop, holder = task
+                loop.call_soon_threadsafe(holder.cancel, LOST_CANCEL)
+            elif callable(on_lost):
+                on_lost(handle)
+
+        handle._heartbeat = Heartbeat(
+            backend_for(handle.connection),
+            self.using,
+            handle.db_key,
+            self.heartbeat,
+            lost,
+            self.lock_key.label,
+        )
+
     def _record(self, handle: LockHandle, wait_time: float) -> None:
         """Record the outcome of taking the lock in the metrics (when they are on)."""
         if metrics.recorder is not None:
@@ -287,10 +366,14 @@ class AdvisoryLock:
 
     async def __aenter__(self) -> LockHandle:
         task = asyncio.current_task()
+        holder = None if task is None else (asyncio.get_running_loop(), task)
 
         def attempt() -> LockHandle:  # in the thread of the async ORM calls
             connection = connections[self.using]
-            return self._take(connection, connection_locks(connection), 0, task)
+            handle = self._take(connection, connection_locks(connection), 0, task)
+            if handle.acquired and self.heartbeat is not None:
+                self._start_heartbeat(handle, holder)
+            return handle
 
         handle, waited = await acquire_in_turn(
             attempt,
@@ -316,6 +399,18 @@ class AdvisoryLock:
         else:
             handle = _unlink_innermost(self)
         await release_in_thread(self.release, handle, exc_value, self)
+        if (
+            handle.lost
+            and self.on_lost == "cancel"
+            and isinstance(exc_value, asyncio.CancelledError)
+            and exc_value.args == (LOST_CANCEL,)
+        ):
+            # Cancelled by the heartbeat: the block ends with LockLost, which says why,
+            # unless another cancellation is pending too (Python 3.11's count of them).
+            task = asyncio.current_task()
+            if sys.version_info >= (3, 11) and task is not None and task.uncancel():
+                return
+            handle.check()
 
     def _held_here(self) -> bool:
         """Does a block entered in this context (an asyncio task) hold this lock already?
@@ -342,13 +437,28 @@ def advisory_lock(
     timeout: float | None = None,
     shared: bool = False,
     scope: Scope = "auto",
+    heartbeat: float | None = None,
+    on_lost: OnLost = None,
 ) -> AdvisoryLock:
     """Return an advisory lock on ``key``, for use as a context manager or a decorator.
 
     ``wait=True`` blocks until the lock is free, ``timeout`` bounds that wait (then
     ``LockNotAcquired``), ``wait=False`` tries once and yields a falsy handle when busy.
+    ``heartbeat=N``: while held, check every N seconds from a connection of its own that the
+    lock is still held; on a loss the handle's ``lost`` is set (``check()`` raises
+    ``LockLost``) and ``on_lost(handle)`` is called, or with ``on_lost="cancel"`` the asyncio
+    task that holds it is cancelled (the block then raises ``LockLost``).
     """
-    return AdvisoryLock(key, using=using, wait=wait, timeout=timeout, shared=shared, scope=scope)
+    return AdvisoryLock(
+        key,
+        using=using,
+        wait=wait,
+        timeout=timeout,
+        shared=shared,
+        scope=scope,
+        heartbeat=heartbeat,
+        on_lost=on_lost,
+    )
 
 
 def _unlink_innermost(lock: AdvisoryLock) -> LockHandle:

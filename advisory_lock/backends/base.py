@@ -45,6 +45,9 @@ class LockBackend:
     native_transaction_locks: ClassVar[bool] = False
     #: Locks coordinate processes of this host only (SQLite's file locks).
     single_host: ClassVar[bool] = False
+    #: The locks are this process's own (files): ``is_held`` answers from any thread,
+    #: without a statement, and there is no server session to ask about.
+    local_locks: ClassVar[bool] = False
     #: The database delivers notifications between sessions (``notify``, ``listener``).
     notifications: ClassVar[bool] = False
     #: An async waiter can wait for a release inside the server (``release_wait``).
@@ -116,6 +119,17 @@ class LockBackend:
 
     def is_held(self, db_key: Any) -> bool:
         """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""
+        raise NotImplementedError
+
+    def server_session(self) -> int:
+        """The id the server's lock table knows this connection's session by (PostgreSQL's
+        backend pid, MySQL's connection id), for a heartbeat to ask about from another
+        connection (``held_by``)."""
+        raise NotImplementedError
+
+    def held_by(self, db_key: Any, session: int) -> bool:
+        """Does the server session ``session`` (another connection's ``server_session()``)
+        hold ``db_key`` now? One statement on this connection."""
         raise NotImplementedError
 
     def try_many(self, db_keys: list[Any]) -> list[bool]:

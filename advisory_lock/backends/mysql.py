@@ -165,6 +165,15 @@ class MySQLBackend(LockBackend):
     def release_many(self, db_keys: list[Any]) -> None:
         self._run("SELECT " + ", ".join(f"RELEASE_LOCK({self._quoted(key)})" for key in db_keys))
 
+    def server_session(self) -> int:
+        # MySQLdb's documented thread_id(): the server's CONNECTION_ID() of this connection,
+        # which IS_USED_LOCK() returns for the holder.
+        return int(self._driver_connection().thread_id())
+
+    def held_by(self, db_key: Any, session: int) -> bool:
+        (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = {int(session)}")
+        return bool(held == 1)
+
     def is_held(self, db_key: Any) -> bool:
         (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = CONNECTION_ID()")
         return bool(held == 1)

@@ -411,6 +411,19 @@ class PostgreSQLBackend(LockBackend):
             )
             raw.close()
 
+    def server_session(self) -> int:
+        # The pid the lock statements ran on (each returns it), else the one of libpq's
+        # connection (psycopg's documented ConnectionInfo.backend_pid).
+        raw = self._driver_connection()
+        return self._pid if self._pid is not None else int(raw.info.backend_pid)
+
+    def held_by(self, db_key: Any, session: int) -> bool:
+        # pg_locks shows every session's locks, with its server pid (its documented "pid").
+        classid, objid, objsubid = lock_row_ids(db_key)
+        self._driver_connection()
+        sql = f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = {{3}})"
+        return bool(self._run(sql.format(classid, objid, objsubid, int(session)).encode())[0])
+
     def is_held(self, db_key: Any) -> bool:
         self._driver_connection()  # first: the pid and the client must be current
         classid, objid, objsubid = lock_row_ids(db_key)

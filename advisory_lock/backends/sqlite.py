@@ -62,6 +62,7 @@ class _File:
 class SQLiteBackend(LockBackend):
     vendor = "sqlite"
     single_host = True
+    local_locks = True
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)

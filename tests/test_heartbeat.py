@@ -1,0 +1,153 @@
+"""A plain lock's heartbeat: ``advisory_lock(key, heartbeat=N)`` learns of a loss during its
+block, not at its end.
+
+Issue 31: tried as a new user would, a server restart let a second process take
+``import:tenant-42`` at once while the first kept working inside its block, and learned of it
+only at the block's end. The losses here are real: the server ends the holding session
+(PostgreSQL ``pg_terminate_backend``, MySQL ``KILL``), or the lock's file is removed
+(SQLite), and another connection then takes the lock. Every wait is for a state (the
+handle's flag, the callback, the server's own view), guarded against a hang only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from django.db import connections
+
+from advisory_lock import LockLost
+from advisory_lock import advisory_lock
+from advisory_lock.backends import backend_for
+from tests.probes import freed
+from tests.probes import in_other_connection
+from tests.probes import is_free
+from tests.schedulers import wait_for
+from tests.test_ledger_faults import lose_lock
+
+KEY = "import:tenant-42"
+#: Seconds between a heartbeat's checks in these tests.
+BEAT = 0.05
+
+
+def test_a_lost_lock_is_known_inside_its_block(using):
+    """The handle's ``lost`` is set and ``on_lost`` called once, while the block runs;
+    ``check()`` raises ``LockLost`` saying that the block no longer runs alone; another
+    connection can take the lock meanwhile."""
+    called = []
+    outcome: dict[str, object] = {}
+
+    def hold_and_lose():
+        try:
+            with advisory_lock(KEY, using=using, heartbeat=BEAT, on_lost=called.append) as lock:
+                assert not lock.lost
+                lose_lock(KEY, using)
+                wait_for(lambda: lock.lost, "the heartbeat's notice")
+                outcome["taken_by_another"] = is_free(KEY, using)
+                with pytest.raises(LockLost) as checked:
+                    lock.check()
+                outcome["check"] = str(checked.value)
+                outcome["handle"] = lock
+        except LockLost as error:  # the release at the end says it too
+            outcome["end"] = str(error)
+
+    in_other_connection(hold_and_lose)
+    assert called == [outcome["handle"]]
+    assert outcome["taken_by_another"] is True
+    assert "was lost during the block" in outcome["check"], outcome
+    assert "no longer running alone" in outcome["check"], outcome
+    if connections[using].vendor != "sqlite":  # a removed file releases nothing
+        assert "was lost during the block" in outcome["end"], outcome
+
+
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_a_held_lock_is_not_reported_lost(using):
+    """Checks that find the lock held change nothing: the heartbeat's connection has asked
+    (the server's own view of it), and the block ends as usual."""
+    called = []
+    asked: set[object] = set()  # when each check of the heartbeat's connection started
+
+    def checks() -> int:
+        asked.update(_heartbeat_checks(using))
+        return len(asked)
+
+    with advisory_lock(KEY, using=using, heartbeat=BEAT, on_lost=called.append) as lock:
+        wait_for(lambda: checks() >= 3, "three checks of the heartbeat")
+        assert not lock.lost
+        lock.check()
+    assert called == []
+    assert is_free(KEY, using)
+
+
+def _heartbeat_checks(using: str) -> list[object]:
+    """When the last check of each heartbeat connection started (PostgreSQL's own view)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT query_start FROM pg_stat_activity WHERE application_name LIKE %s "
+            "AND query LIKE %s",
+            ["%heartbeat%", "%pg_locks%"],
+        )
+        return [start for (start,) in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_the_heartbeat_cancels_the_holding_task_which_raises_lock_lost(using):
+    """``on_lost="cancel"`` in async code: the task that holds the lock is cancelled, and the
+    block ends with ``LockLost``, not a bare cancellation."""
+
+    async def hold() -> str:
+        async with advisory_lock(KEY, using=using, heartbeat=BEAT, on_lost="cancel"):
+            session = await asyncio.to_thread(_session_of_holder, using)
+            await asyncio.to_thread(_kill_session, using, session)
+            # The hang guard only: the cancellation comes first.
+            await asyncio.wait_for(asyncio.Event().wait(), timeout=300)
+        return "the block ran to its end"
+
+    def run() -> None:
+        with pytest.raises(LockLost) as lost:
+            asyncio.run(hold())
+        errors.append(str(lost.value))
+
+    errors: list[str] = []
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    [error] = errors
+    assert "was lost during the block" in error, error
+    assert freed(KEY, using)
+
+
+def _session_of_holder(using: str) -> int:
+    """The server's id of the session holding KEY (its lock table's view)."""
+    from advisory_lock.backends import inspector_for
+    from advisory_lock.keys import make_key
+
+    def ask() -> int:
+        connection = connections[using]
+        holder = inspector_for(connection).holder(backend_for(connection).db_key(make_key(KEY)))
+        assert holder is not None
+        return holder.id
+
+    result: list[int] = []
+    in_other_connection(lambda: result.append(ask()))
+    return result[0]
+
+
+def _kill_session(using: str, session: int) -> None:
+    from tests.servers import kill_connection_of
+
+    in_other_connection(lambda: kill_connection_of(using, session))
+
+
+def test_the_heartbeat_is_checked_when_the_lock_is_made(using):
+    with pytest.raises(ValueError, match="pass heartbeat="):
+        advisory_lock(KEY, using=using, on_lost=print)
+    with pytest.raises(TypeError, match="callable or 'cancel'"):
+        advisory_lock(KEY, using=using, heartbeat=1, on_lost="raise")
+    with pytest.raises(ValueError, match="heartbeat"):
+        advisory_lock(KEY, using=using, heartbeat=0)
+    with pytest.raises(ValueError, match="async with"):
+        with advisory_lock(KEY, using=using, heartbeat=1, on_lost="cancel"):
+            pass
+    assert is_free(KEY, using)  # the refused heartbeat let go of the lock

@@ -42,8 +42,8 @@ from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
-from advisory_lock.ledger import table_checked
 from advisory_lock.models import JobRun
+from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduling.control import JobControl

@@ -82,6 +82,7 @@ class LockHandle:
         "db_key",
         "lost",
         "scope",
+        "token",
         "wait_time",
     )
 
@@ -111,6 +112,8 @@ class LockHandle:
         #: Set when the lock's heartbeat (``advisory_lock(..., heartbeat=N)``) found it lost.
         self.lost = False
         self._heartbeat: Heartbeat | None = None
+        #: The lock's fencing token (``advisory_lock(..., fencing=True)``), else None.
+        self.token: int | None = None
 
     def __bool__(self) -> bool:
         return self.acquired
@@ -183,6 +186,7 @@ class SessionHold(LockHandle):
         self._outer = None
         self.lost = False
         self._heartbeat = None
+        self.token = None
         self._locks = locks
         self._session = locks.backend.session()  # the lock lives as long as it
         self._ended = False

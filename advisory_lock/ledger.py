@@ -15,8 +15,9 @@ row whose lock is free has lost its owner: the next claim, or ``mark_abandoned()
 ``abandoned``. A run records its end only while its row is still ``running`` (a fenced
 update): a run whose row was taken over meanwhile raises ``LockLost`` and writes nothing.
 
-Every write runs on a connection of its own, in autocommit, so that it commits at once
-whatever transaction the caller is in; locks are taken through the alias's DIRECT_ALIAS.
+Every write runs on a connection of its own (``own_connection``), in autocommit, so that it
+commits at once whatever transaction the caller is in; locks are taken through the alias's
+DIRECT_ALIAS.
 Except an atomic run's (``atomic=True``): ``lock_running_row()`` and
 ``succeed_in_transaction()`` write in the caller's transaction, the one of the job's own
 writes, so that its success commits with them or not at all.
@@ -25,26 +26,17 @@ writes, so that its success commits with them or not at all.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import datetime
 import os
 import socket
-import threading
 import traceback
 from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Container
-from collections.abc import Iterator
 from typing import Any
-from typing import TypeVar
 
-from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS
-from django.db import DatabaseError
 from django.db import IntegrityError
-from django.db import OperationalError
-from django.db import ProgrammingError
 from django.db import connections
 from django.db import models
 from django.db import router
@@ -55,7 +47,6 @@ from django.db.models import When
 from django.db.models.functions import Concat
 
 from advisory_lock import metrics
-from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.backends import inspector_for
 from advisory_lock.conf import get_setting
 from advisory_lock.conf import require_app
@@ -63,12 +54,13 @@ from advisory_lock.datetimes import from_field
 from advisory_lock.datetimes import to_field
 from advisory_lock.dedicated import DedicatedLock
 from advisory_lock.dedicated import direct_alias
-from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.exceptions import LockLost
 from advisory_lock.exceptions import SlotAlreadySucceeded
 from advisory_lock.keys import Key
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
+from advisory_lock.own_connection import table_checked
+from advisory_lock.own_connection import write
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.periods import Period
@@ -78,7 +70,6 @@ from advisory_lock.periods import slot
 from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_text
 
-T = TypeVar("T")
 MAX_ERROR_LENGTH = 10_000
 
 
@@ -723,148 +714,6 @@ def storable_error(text: str) -> str:
 
 def format_error(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
-def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
-    """Run the ledger's ``func`` on a connection of its own (see ``on_own_connection``), or,
-    with ``ADVISORY_LOCK["LEDGER_IN_CALLERS_TRANSACTION"]`` (for tests: see
-    ``advisory_lock.testing``), in a savepoint of the caller's transaction, so that a test's
-    rollback takes the ledger's rows with it. A database without the ledger's table raises
-    ``LedgerNotMigrated`` (see ``table_checked``)."""
-    if get_setting("LEDGER_IN_CALLERS_TRANSACTION"):
-        # Checked after the savepoint is rolled back: PostgreSQL answers nothing in a
-        # transaction that a failed statement aborted.
-        with table_checked(using), transaction.atomic(using=using):
-            return func()
-
-    def checked() -> T:
-        # In the thread whose connection failed (the caller's may be in a transaction).
-        with table_checked(using):
-            return func()
-
-    return on_own_connection(checked, timeout=timeout)
-
-
-@contextlib.contextmanager
-def table_checked(using: str) -> Iterator[None]:
-    """Raise ``LedgerNotMigrated``, which says to run ``migrate``, when a statement of the
-    block fails because the ledger's table is missing on ``using``.
-
-    The table is looked for only after a failure (Django's introspection: SQLite's "no such
-    table" is an OperationalError, PostgreSQL's and MySQL's a ProgrammingError), never before
-    the ledger's statements; an error that means the database is out of reach is left as it
-    is (asking again would only wait as long).
-    """
-    try:
-        yield
-    except (OperationalError, ProgrammingError) as error:
-        if isinstance(error, OperationalError) and driver_error_is_outage(
-            error.__cause__ or error
-        ):
-            raise
-        if _table_missing(using):
-            migrate = "manage.py migrate"
-            if using != DEFAULT_DB_ALIAS:
-                migrate += f" --database {using}"
-            raise LedgerNotMigrated(
-                f"The ledger's tables ({', '.join(_app_tables())}) do not all exist on "
-                f"database {using!r}: the advisory_lock app's migrations are not applied "
-                f"there. Run '{migrate}', then try again."
-            ) from error
-        raise
-
-
-def _table_missing(using: str) -> bool:
-    """Does the database ``using`` say that it lacks a table of the app (the ledger's, or the
-    control room's: ``job_controls``, ``job_schedulers``)? False if it has them all, or does
-    not answer (then the caller's error stands)."""
-    connection = connections[using]
-    wanted = set(_app_tables())
-    try:
-        with connection.cursor() as cursor:
-            return not wanted <= set(connection.introspection.table_names(cursor))
-    except DatabaseError:
-        return False
-
-
-def _app_tables() -> list[str]:
-    return sorted(
-        model._meta.db_table for model in apps.get_app_config("advisory_lock").get_models()
-    )
-
-
-#: The thread that runs the ledger's writes when a process keeps one (see
-#: ``keep_ledger_connection``), and the connections it opened with it.
-_kept: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def keep_ledger_connection() -> None:
-    """From now on, run this process's ledger writes in one thread that keeps its
-    connections, instead of a new thread (and so a new connection) for each: for a process
-    that runs job after job (a scheduler's worker). The thread's connections are its own,
-    as a short-lived thread's are, and hold no lock; they are closed after a write that
-    failed, and reopen at the next."""
-    global _kept
-    if _kept is None:
-        _kept = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="advisory_lock-ledger")
-
-
-def close_kept_connection() -> None:
-    """Close the connections of the thread that runs this process's ledger writes, if it
-    keeps them (they reopen at the next write)."""
-    if _kept is not None:
-        _kept.submit(connections.close_all).result()
-
-
-def _on_kept_connection(
-    kept: concurrent.futures.ThreadPoolExecutor, func: Callable[[], T], timeout: float | None
-) -> T:
-    def target() -> T:
-        try:
-            return func()
-        except BaseException:
-            connections.close_all()  # the next write starts on fresh connections
-            raise
-
-    future = kept.submit(target)
-    try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
-        # The thread waits on a silent database: left to it, and a new one for what follows.
-        global _kept
-        _kept = None
-        keep_ledger_connection()
-        raise TimeoutError(f"the database did not answer within {timeout:g}s") from None
-
-
-def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
-    """Run ``func`` in a short-lived thread: Django gives a thread connections of its own,
-    in autocommit, so what it writes commits at once whatever transaction the caller is in.
-    (In a process that keeps its ledger connection, in that one thread instead.)"""
-    if _kept is not None:
-        return _on_kept_connection(_kept, func, timeout)
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = func()
-        except BaseException as exc:  # re-raised in the caller's thread
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    # Bounded: a daemon thread, left behind if the database does not answer in time.
-    thread = threading.Thread(
-        target=target, name="advisory_lock-ledger", daemon=timeout is not None
-    )
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"the database did not answer within {timeout:g}s")
-    if "error" in outcome:
-        raise outcome["error"]
-    value: T = outcome["value"]
-    return value
 
 
 def end_enqueued(

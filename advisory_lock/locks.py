@@ -83,6 +83,7 @@ class AdvisoryLock:
 
     __slots__ = (
         "_timeout",
+        "fencing",
         "heartbeat",
         "key",
         "lock_key",
@@ -105,6 +106,7 @@ class AdvisoryLock:
         scope: Scope = "auto",
         heartbeat: float | None = None,
         on_lost: OnLost = None,
+        fencing: bool = False,
     ) -> None:
         self.lock_key = make_key(key)
         #: The key as given (a LockKey, as read back from a ledger row, reads as its value).
@@ -140,6 +142,10 @@ class AdvisoryLock:
                 "(seconds between its checks) too."
             )
         self.on_lost = on_lost
+        #: Each hold gets the key's next fencing token (``handle.token``).
+        self.fencing = (
+            fencing if fencing is False or fencing is True else check_flag("fencing", fencing)
+        )
 
     def __repr__(self) -> str:
         return f"<advisory_lock {self.lock_key.label} using={self.using!r} scope={self.scope!r}>"
@@ -154,8 +160,8 @@ class AdvisoryLock:
             self._record(handle, handle.wait_time)
         if not handle.acquired:
             self._busy(handle)
-        elif self.heartbeat is not None:
-            self._start_heartbeat(handle, None)
+        elif self.fencing or self.heartbeat is not None:
+            self._watch(handle, None)
         handle._outer = _innermost.get()
         _innermost.set(handle)
         return handle
@@ -213,8 +219,8 @@ class AdvisoryLock:
             self._record(handle, handle.wait_time)
         if not handle.acquired:
             self._busy(handle)
-        elif self.heartbeat is not None:
-            self._start_heartbeat(handle, None)
+        elif self.fencing or self.heartbeat is not None:
+            self._watch(handle, None)
         return handle
 
     def release(self, handle: LockHandle, exc: BaseException | None = None) -> None:
@@ -307,6 +313,24 @@ class AdvisoryLock:
             "async with (or on an async def), or pass a callable."
         )
 
+    def _watch(
+        self, handle: LockHandle, task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None
+    ) -> None:
+        """What a taken lock gets besides the hold, in the thread that took it: its fencing
+        token, then its heartbeat. If either fails, the lock is let go of."""
+        try:
+            if self.fencing:
+                # Imported here: the fencing tokens are a model of the app, which a plain
+                # lock does without (see conf.require_app).
+                from advisory_lock.fencing import issue_token
+
+                handle.token = issue_token(self.using, self.lock_key)
+            if self.heartbeat is not None:
+                self._start_heartbeat(handle, task)
+        except BaseException as error:
+            handle.end_of_block(error)
+            raise
+
     def _start_heartbeat(
         self, handle: LockHandle, task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None
     ) -> None:
@@ -371,8 +395,8 @@ class AdvisoryLock:
         def attempt() -> LockHandle:  # in the thread of the async ORM calls
             connection = connections[self.using]
             handle = self._take(connection, connection_locks(connection), 0, task)
-            if handle.acquired and self.heartbeat is not None:
-                self._start_heartbeat(handle, holder)
+            if handle.acquired and (self.fencing or self.heartbeat is not None):
+                self._watch(handle, holder)
             return handle
 
         handle, waited = await acquire_in_turn(
@@ -439,6 +463,7 @@ def advisory_lock(
     scope: Scope = "auto",
     heartbeat: float | None = None,
     on_lost: OnLost = None,
+    fencing: bool = False,
 ) -> AdvisoryLock:
     """Return an advisory lock on ``key``, for use as a context manager or a decorator.
 
@@ -448,6 +473,8 @@ def advisory_lock(
     lock is still held; on a loss the handle's ``lost`` is set (``check()`` raises
     ``LockLost``) and ``on_lost(handle)`` is called, or with ``on_lost="cancel"`` the asyncio
     task that holds it is cancelled (the block then raises ``LockLost``).
+    ``fencing=True``: each hold gets the key's next fencing token (``handle.token``), larger
+    than every one issued before, for the holder's own fenced writes.
     """
     return AdvisoryLock(
         key,
@@ -458,6 +485,7 @@ def advisory_lock(
         scope=scope,
         heartbeat=heartbeat,
         on_lost=on_lost,
+        fencing=fencing,
     )
 
 

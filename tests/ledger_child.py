@@ -25,12 +25,19 @@ JSON object per line on stdout and reads its cues on stdin. Commands:
   and then creating the Counter named after the job; say ``done`` with the number that
   succeeded and the errors (``type: message``) of those that did not.
 
+* ``fenced-write KEY TABLE``: ``with advisory_lock(KEY, using=A, fencing=True) as lock``:
+  say ``holding`` (the token), wait for a cue, then write through a new connection (Django's
+  is closed first, as after a broken one) ``UPDATE TABLE SET value = 'child', fence = token
+  WHERE id = 1 AND fence <= token``; say ``wrote`` with the number of rows it changed. The
+  block's end (its lock lost meanwhile) is not looked at.
+
 Any is meant to be killed (SIGKILL) at any point: a crash, as the ledger must survive it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import django
@@ -145,6 +152,27 @@ def atomic_jobs(args: argparse.Namespace) -> None:
     say("done", succeeded=succeeded, errors=errors)
 
 
+def fenced_write(args: argparse.Namespace) -> None:
+    from django.db import DatabaseError
+    from django.db import connections
+
+    from advisory_lock import LockLost
+    from advisory_lock import advisory_lock
+
+    with contextlib.suppress(DatabaseError, LockLost):  # the block's end: its lock was lost
+        with advisory_lock(args.key, using=args.using, fencing=True) as lock:
+            say("holding", token=lock.token)
+            cue()
+            connections[args.using].close()  # a new connection for the write
+            with connections[args.using].cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {args.table} SET value = 'child', fence = %s "
+                    f"WHERE id = 1 AND fence <= %s",
+                    [lock.token, lock.token],
+                )
+                say("wrote", rows=cursor.rowcount)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.ledger_child")
     parser.add_argument("--using", required=True, help="the database alias")
@@ -165,6 +193,10 @@ def main() -> None:
     command.add_argument("effect")
     command.add_argument("--period", default="once")
     command.set_defaults(run=atomic_fenced)
+    command = commands.add_parser("fenced-write")
+    command.add_argument("key")
+    command.add_argument("table")
+    command.set_defaults(run=fenced_write)
     command = commands.add_parser("atomic-jobs")
     command.add_argument("prefix")
     command.add_argument("--jobs", type=int, required=True)

@@ -36,8 +36,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
-from advisory_lock.ledger import close_kept_connection
-from advisory_lock.ledger import keep_ledger_connection
+from advisory_lock.own_connection import close_kept_connection
+from advisory_lock.own_connection import keep_ledger_connection
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import REQUEST_EXPIRES
 from advisory_lock.single_instance.guarded import GuardedRun

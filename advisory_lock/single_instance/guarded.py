@@ -429,7 +429,7 @@ class GuardedRun:
         let another instance in: the fence covers a slot, the lock the whole job. Asked on
         the ledger's own connection, as its writes (none is left open in a worker thread)."""
         from advisory_lock.ledger import JobRun
-        from advisory_lock.ledger import write
+        from advisory_lock.own_connection import write
 
         run = self.run
         assert run is not None and run.finished_at is not None

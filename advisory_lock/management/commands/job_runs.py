@@ -15,8 +15,8 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock import signals
 from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
-from advisory_lock.ledger import table_checked
 from advisory_lock.models import JobRun
+from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.schedule import entries as schedule_entries

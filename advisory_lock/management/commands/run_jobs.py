@@ -13,7 +13,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
-from advisory_lock.ledger import table_checked
+from advisory_lock.own_connection import table_checked
 from advisory_lock.schedule import entries
 from advisory_lock.scheduling.control import NoSchedulerAlive
 from advisory_lock.scheduling.control import command_line_user

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -27,10 +28,12 @@ from tests.databases import new_database
 from tests.probes import is_free
 
 ALIAS = "unmigrated"
-NOT_MIGRATED = (
-    "The ledger's tables (job_controls, job_runs, job_schedulers, task_pending) do not all "
-    "exist on database {alias!r}"
+#: Every table of the app's models, named in the message (generated: a model added later is
+#: named too).
+APP_TABLES = ", ".join(
+    sorted(model._meta.db_table for model in apps.get_app_config("advisory_lock").get_models())
 )
+NOT_MIGRATED = "The ledger's tables (" + APP_TABLES + ") do not all exist on database {alias!r}"
 MIGRATE_HERE = re.escape(f"Run 'manage.py migrate --database {ALIAS}', then try again.")
 
 

@@ -9,13 +9,13 @@ documented fenced UPDATE.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
 from django.db import connections
 
 from advisory_lock import advisory_lock
+from tests.test_async_locks import run
 from tests.test_ledger_faults import children  # noqa: F401 (a fixture, asked for by name)
 from tests.test_ledger_faults import lose_lock
 
@@ -60,7 +60,7 @@ def test_each_hold_gets_a_larger_token_of_its_key(using):
         async with advisory_lock(key, using=using, fencing=True) as lock:
             return lock.token
 
-    assert asyncio.run(in_async_code()) == 4
+    assert run(in_async_code()) == 4  # which closes the connections of asgiref's thread
     with advisory_lock(key, using=using) as plain:
         assert plain.token is None  # no fencing asked: no statement, no token
 

@@ -12,7 +12,6 @@ handle's flag, the callback, the server's own view), guarded against a hang only
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 from django.db import connections
@@ -24,6 +23,7 @@ from tests.probes import freed
 from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.schedulers import wait_for
+from tests.test_async_locks import run
 from tests.test_ledger_faults import lose_lock
 
 KEY = "import:tenant-42"
@@ -104,16 +104,9 @@ def test_the_heartbeat_cancels_the_holding_task_which_raises_lock_lost(using):
             await asyncio.wait_for(asyncio.Event().wait(), timeout=300)
         return "the block ran to its end"
 
-    def run() -> None:
-        with pytest.raises(LockLost) as lost:
-            asyncio.run(hold())
-        errors.append(str(lost.value))
-
-    errors: list[str] = []
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    [error] = errors
+    with pytest.raises(LockLost) as lost:
+        run(hold())  # which closes the connections of asgiref's thread after it
+    error = str(lost.value)
     assert "was lost during the block" in error, error
     assert freed(KEY, using)
 

@@ -31,6 +31,11 @@ JSON object per line on stdout and reads its cues on stdin. Commands:
   WHERE id = 1 AND fence <= token``; say ``wrote`` with the number of rows it changed. The
   block's end (its lock lost meanwhile) is not looked at.
 
+* ``heartbeat KEY [--beat S]``: ``with advisory_lock(KEY, using=A, heartbeat=S,
+  on_lost=...) as lock``: say ``holding``; ``on_lost`` says ``lost`` (with the handle's
+  ``lost``) from the heartbeat's thread; at a cue, ``lock.check()``: say ``checked`` with its
+  error ('' if none); after the block, ``ended`` with the block's error ('' if none).
+
 Any is meant to be killed (SIGKILL) at any point: a crash, as the ledger must survive it.
 """
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import Any
 
 import django
 
@@ -173,6 +179,29 @@ def fenced_write(args: argparse.Namespace) -> None:
                 say("wrote", rows=cursor.rowcount)
 
 
+def heartbeat_block(args: argparse.Namespace) -> None:
+    from advisory_lock import LockLost
+    from advisory_lock import advisory_lock
+
+    def lost(lock: Any) -> None:
+        say("lost", flag=lock.lost)
+
+    try:
+        with advisory_lock(args.key, using=args.using, heartbeat=args.beat, on_lost=lost) as lock:
+            say("holding")
+            cue()
+            try:
+                lock.check()
+            except LockLost as error:
+                say("checked", error=str(error))
+            else:
+                say("checked", error="")
+    except LockLost as error:
+        say("ended", error=str(error))
+    else:
+        say("ended", error="")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.ledger_child")
     parser.add_argument("--using", required=True, help="the database alias")
@@ -197,6 +226,10 @@ def main() -> None:
     command.add_argument("key")
     command.add_argument("table")
     command.set_defaults(run=fenced_write)
+    command = commands.add_parser("heartbeat")
+    command.add_argument("key")
+    command.add_argument("--beat", type=float, default=0.05)
+    command.set_defaults(run=heartbeat_block)
     command = commands.add_parser("atomic-jobs")
     command.add_argument("prefix")
     command.add_argument("--jobs", type=int, required=True)

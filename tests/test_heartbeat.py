@@ -5,7 +5,7 @@ Issue 31: tried as a new user would, a server restart let a second process take
 ``import:tenant-42`` at once while the first kept working inside its block, and learned of it
 only at the block's end. The losses here are real: the server ends the holding session
 (PostgreSQL ``pg_terminate_backend``, MySQL ``KILL``), or the lock's file is removed
-(SQLite), and another connection then takes the lock. Every wait is for a state (the
+(SQLite), and another process or connection then takes the lock. Every wait is for a state (the
 handle's flag, the callback, the server's own view), guarded against a hang only.
 """
 
@@ -24,6 +24,7 @@ from tests.probes import in_other_connection
 from tests.probes import is_free
 from tests.schedulers import wait_for
 from tests.test_async_locks import run
+from tests.test_ledger_faults import children  # noqa: F401 (a fixture)
 from tests.test_ledger_faults import lose_lock
 
 KEY = "import:tenant-42"
@@ -31,34 +32,23 @@ KEY = "import:tenant-42"
 BEAT = 0.05
 
 
-def test_a_lost_lock_is_known_inside_its_block(using):
-    """The handle's ``lost`` is set and ``on_lost`` called once, while the block runs;
-    ``check()`` raises ``LockLost`` saying that the block no longer runs alone; another
-    connection can take the lock meanwhile."""
-    called = []
-    outcome: dict[str, object] = {}
-
-    def hold_and_lose():
-        try:
-            with advisory_lock(KEY, using=using, heartbeat=BEAT, on_lost=called.append) as lock:
-                assert not lock.lost
-                lose_lock(KEY, using)
-                wait_for(lambda: lock.lost, "the heartbeat's notice")
-                outcome["taken_by_another"] = is_free(KEY, using)
-                with pytest.raises(LockLost) as checked:
-                    lock.check()
-                outcome["check"] = str(checked.value)
-                outcome["handle"] = lock
-        except LockLost as error:  # the release at the end says it too
-            outcome["end"] = str(error)
-
-    in_other_connection(hold_and_lose)
-    assert called == [outcome["handle"]]
-    assert outcome["taken_by_another"] is True
-    assert "was lost during the block" in outcome["check"], outcome
-    assert "no longer running alone" in outcome["check"], outcome
+def test_a_lost_lock_is_known_inside_its_block(using, children):  # noqa: F811
+    """The holder is a process of its own. Once the server has ended its session (SQLite:
+    its lock file removed), ``on_lost`` is called once, with the handle's ``lost`` set, while
+    its block still runs; this process can take the lock meanwhile; ``check()`` then raises
+    ``LockLost`` saying that the block no longer runs alone."""
+    child = children.start("--using", using, "heartbeat", KEY, "--beat", BEAT)
+    child.expect("holding")
+    lose_lock(KEY, using)
+    assert child.expect("lost")["flag"] is True  # said by on_lost, inside the block
+    assert is_free(KEY, using)  # another process takes it while that block runs
+    child.send("go")
+    checked = child.expect("checked")["error"]  # and no second "lost" before it
+    assert "was lost during the block" in checked, checked
+    assert "no longer running alone" in checked, checked
+    ended = child.expect("ended")["error"]
     if connections[using].vendor != "sqlite":  # a removed file releases nothing
-        assert "was lost during the block" in outcome["end"], outcome
+        assert "was lost during the block" in ended, ended
 
 
 @pytest.mark.parametrize("using", ["postgresql"], indirect=True)

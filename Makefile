@@ -23,15 +23,17 @@ serve:
 ## Run the whole test suite against SQLite, PostgreSQL and MariaDB (starts them if needed):
 ## first in TEST_WORKERS processes at once (pytest-xdist, databases of their own each), then
 ## the tests that need the servers to themselves, alone: those that restart a database server
-## (marker restarts_servers; RESTART_SERVERS=no skips them) and the one that fills PostgreSQL's
-## lock table (fills_lock_table). PYTEST_ARGS (paths, -k, -x; not -m) go to both runs; a run
-## that selects none of its tests (pytest's status 5) is no failure.
+## (marker restarts_servers; RESTART_SERVERS=no skips them), the one that fills PostgreSQL's
+## lock table (fills_lock_table), and the failover tests, which run a Patroni cluster of their
+## own and leave the machine's servers alone (patroni; with RESTART_SERVERS=no too).
+## PYTEST_ARGS (paths, -k, -x; not -m) go to both runs; a run that selects none of its tests
+## (pytest's status 5) is no failure.
 TEST_WORKERS ?= 2
 RESTART_SERVERS ?= yes
 ifeq ($(RESTART_SERVERS),no)
-ALONE = fills_lock_table
+ALONE = fills_lock_table or patroni
 else
-ALONE = restarts_servers or fills_lock_table
+ALONE = restarts_servers or fills_lock_table or patroni
 endif
 test:
 	scripts/setup.sh --servers
@@ -39,7 +41,8 @@ test:
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --cache-dir $(VENV)/mypy_cache advisory_lock
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
-		-m "not restarts_servers and not fills_lock_table" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+		-m "not restarts_servers and not fills_lock_table and not patroni" $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
 	$(VENV)/bin/pytest -m "$(ALONE)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 ## Every supported Python x Django pair: install the wheel, migrate, the quickstart, smoke tests.

@@ -44,6 +44,10 @@ fresh_postgres=false
 fresh_mariadb=false
 if $servers; then
   [ -x /usr/sbin/pgbouncer ] || need_packages+=(pgbouncer)
+  # The failover tests (tests/patroni.py) run etcd and HAProxy of their own in front of a
+  # Patroni cluster; the packages' own services are not used.
+  command -v etcd >/dev/null || need_packages+=(etcd-server)
+  [ -x /usr/sbin/haproxy ] || need_packages+=(haproxy)
   # The cluster check's test runs a one-node Galera cluster.
   [ -e /usr/lib/galera/libgalera_smm.so ] || need_packages+=(galera-4)
   if [ -z "${TEST_POSTGRES_URL:-}" ] && ! compgen -G "/usr/lib/postgresql/*/bin/postgres" \

@@ -226,6 +226,11 @@ class Scheduler:
         self.stopping = False
         # Slots known done (succeeded, or out of retries): not looked up again.
         self._settled: set[tuple[str, str]] = set()
+        # Entries whose due slots are all settled or another scheduler's, until their next
+        # boundary (``Boundary.until``): skipped by ``_next_slots`` at the cost of a lookup.
+        # Forgotten whenever one of those slots may run again here (``_wake``), and at a
+        # sweep, which looks at every slot again.
+        self._quiet: dict[str, datetime.datetime] = {}
         # Runs whose process died, and how: to record failed (kept while the database is out,
         # and until the server has freed the dead process's lock).
         self._deaths: list[Death] = []
@@ -342,6 +347,7 @@ class Scheduler:
         self.heartbeat.forget_the_dead(self.now())
         self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
         self._due.clear()
+        self._quiet.clear()
 
     def _polls_now(self, polled_at: float) -> bool:
         """Is it this scheduler's turn to look for requests? Once a poll interval, in a
@@ -553,7 +559,10 @@ class Scheduler:
         """The next slot of each entry with no run going here, claimed by no one here, not
         held back, and neither settled nor known to be another scheduler's: in ``_order``
         (its own first), each looked at when the caller asks for it."""
+        quiet = self._quiet
         for name in self._order:
+            if name in quiet and now < quiet[name]:
+                continue  # nothing to run before its next boundary
             if self.busy(name) or name in self.claims.held or self._holds_back(name):
                 continue  # one run of an entry at a time
             for due in self._candidates(self.entries[name], now):
@@ -563,6 +572,15 @@ class Scheduler:
                 ) not in self._elsewhere:
                     yield name, due
                     break
+            else:
+                boundary = self._due.get(name)
+                if boundary is not None:
+                    quiet[name] = boundary.until
+
+    def _wake(self, name: str) -> None:
+        """Let ``_next_slots`` look at ``name`` again: a slot of it may run here again, or
+        its due slots are to be computed again."""
+        self._quiet.pop(name, None)
 
     def _start_ready(self) -> None:
         """Give the claimed slots waiting here to the free workers, oldest claim first."""
@@ -707,8 +725,8 @@ class Scheduler:
         child, or a dead one whose failure waits for the server to free its lock. Until then
         no run of the entry starts here: the next attempt's claim would find the dead run's
         row under a free lock and mark it abandoned, losing how it ended."""
-        return name in self.children or any(
-            death.child.entry.name == name for death in self._deaths
+        return name in self.children or (
+            bool(self._deaths) and any(death.child.entry.name == name for death in self._deaths)
         )
 
     def start(self, entry: Entry, slot: str, *, manual: bool = False) -> None:
@@ -780,7 +798,9 @@ class Scheduler:
     def _ended(self, child: Child, status: int | None, *, died: bool, why: str = "") -> None:
         name = child.entry.name
         run = f"{name} [{child.slot}]"
-        self._due.pop(name, None)  # its missed slots (catch_up "all") are looked at again
+        if child.entry.catch_up == "all":
+            self._due.pop(name, None)  # its missed slots are looked at again
+        self._wake(name)
         if not died and status == NOT_STARTED:
             self.failed += 1
             self._settled.discard((name, child.slot))

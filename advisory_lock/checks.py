@@ -268,7 +268,8 @@ def check_key_collisions(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 def check_clusters(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Galera (MariaDB Galera, Percona XtraDB Cluster) does not share GET_LOCK across nodes."""
+    """Galera (MariaDB Galera, Percona XtraDB Cluster) and MySQL Group Replication in
+    multi-primary mode do not share GET_LOCK across nodes."""
     messages: list[CheckMessage] = []
     for alias in databases or []:
         if alias not in lock_aliases() or not is_supported(connections[alias]):

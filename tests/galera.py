@@ -45,15 +45,16 @@ def galera_node() -> Iterator[int]:
          "--wsrep-cluster-address=gcomm://",
          f"--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{group_port}",
          "--binlog-format=ROW", "--innodb-autoinc-lock-mode=2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=(folder / "error.log").open("wb"),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while subprocess.run(
             ["mariadb-admin", "-uroot", "-h127.0.0.1", f"-P{port}", "ping"], capture_output=True
         ).returncode:
-            assert time.monotonic() < deadline, "the Galera node did not start"
-            assert server.poll() is None, "the Galera node exited"
+            log = (folder / "error.log").read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"the Galera node did not start:\n{log}"
+            assert server.poll() is None, f"the Galera node exited:\n{log}"
             time.sleep(0.2)
         yield port
     finally:

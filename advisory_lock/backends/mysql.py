@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import NoReturn
 
+from django.db import DatabaseError
+
 from advisory_lock.backends.base import CONNECTION_ID
 from advisory_lock.backends.base import Holder
 from advisory_lock.backends.base import Listing
@@ -335,7 +337,7 @@ class MySQLInspector(LockInspector):
             )
         try:
             cursor.execute(sql)
-        except self.connection.Database.Error:
+        except DatabaseError:
             return False
         return source.startswith("performance_schema") or cursor.fetchone() is not None
 
@@ -356,10 +358,13 @@ class MySQLInspector(LockInspector):
         return "utf8mb4_nopad_bin" if self.connection.mysql_is_mariadb else "utf8mb4_0900_bin"
 
     def cluster_problem(self) -> str | None:
+        return self._galera_problem() or self._group_replication_problem()
+
+    def _galera_problem(self) -> str | None:
         with self.connection.cursor() as cursor:
             try:
                 cursor.execute("SELECT @@wsrep_on")
-            except self.connection.Database.Error:
+            except DatabaseError:
                 return None  # no such variable: not a Galera-based server
             (wsrep_on,) = cursor.fetchone()
         if not wsrep_on:
@@ -368,6 +373,34 @@ class MySQLInspector(LockInspector):
             f"Database {self.connection.alias!r} is a Galera cluster node (wsrep_on = ON: "
             f"MariaDB Galera or Percona XtraDB Cluster). GET_LOCK locks are local to one node "
             f"and not replicated, so two instances on two nodes can both hold the same lock."
+        )
+
+    def _group_replication_problem(self) -> str | None:
+        # MySQL's Group Replication certifies row changes only: "The certification process
+        # does not take into account table locks ... or named locks (see GET_LOCK())" (MySQL
+        # manual, Group Replication Limitations). In single-primary mode that is harmless:
+        # the secondaries run with super_read_only, which the replica check refuses, so
+        # locks are taken on the primary alone. In multi-primary mode every member takes
+        # writes, and a lock on one excludes nobody on another. The variable exists only
+        # while the plugin is loaded (MariaDB, and MySQL without it, answer an error); the
+        # group is running when it has ONLINE members.
+        with self.connection.cursor() as cursor:
+            try:
+                cursor.execute(
+                    "SELECT @@group_replication_single_primary_mode, (SELECT COUNT(*) FROM "
+                    "performance_schema.replication_group_members "
+                    "WHERE MEMBER_STATE = 'ONLINE')"
+                )
+            except DatabaseError:
+                return None
+            single_primary, online = cursor.fetchone()
+        if single_primary or not online:
+            return None
+        return (
+            f"Database {self.connection.alias!r} is a member of a MySQL Group Replication "
+            f"group in multi-primary mode (group_replication_single_primary_mode = OFF, "
+            f"{online} members online). GET_LOCK locks are not certified across the group, "
+            f"so two instances on two members can both hold the same lock."
         )
 
 

@@ -77,12 +77,18 @@ def fenced_write(using: str, token: int, table: str, value: str) -> None:
 def hold(using: str, order: dict[str, Any]) -> bool:
     """One hold; False once stdin is closed."""
     from django.db import DatabaseError
+    from django.db import close_old_connections
     from django.db import connections
 
     from advisory_lock import AdvisoryLockError
     from advisory_lock import LockLost
     from advisory_lock import advisory_lock
 
+    # Each hold is a unit of work, as a request or a task is, and starts as Django starts
+    # those: close_old_connections(), which with CONN_MAX_AGE 0 closes the connection the last
+    # hold left open (after a failover, one to the old primary). Without it the next
+    # statement on that connection fails, as any ORM call would in a long-running process.
+    close_old_connections()
     key = order["key"]
     beat = order.get("beat") or None
     options: dict[str, Any] = {}
@@ -123,8 +129,6 @@ def hold(using: str, order: dict[str, Any]) -> bool:
             more = step is not None
     except (AdvisoryLockError, DatabaseError) as error:
         say("released", key=key, error=f"{type(error).__name__}: {error}")
-        # The block's connection died with its server: a new one for the next hold.
-        connections[using].close()
     else:
         say("released", key=key, error="")
     return more

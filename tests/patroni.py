@@ -6,13 +6,13 @@ folder:
 - etcd (Debian's ``etcd-server``), one member, with a data folder of its own: Patroni's DCS.
   The package's own service, if the machine runs one, is neither used nor touched;
 - two Patroni nodes (PyPI's ``patroni[etcd3]``, the ``test`` dependency group), each running a
-  PostgreSQL 15 server (``/usr/lib/postgresql/15/bin``): the first to get etcd's initialize
-  key runs ``initdb`` and becomes the primary, the other ``pg_basebackup``s from it and
-  streams. Patroni's ``synchronous_mode`` is on: a commit returns once the replica has its
-  WAL, so what a client saw committed (a fencing token, a ledger row) is still there after a
-  failover to it. ``primary_start_timeout: 0`` makes a primary whose postmaster died fail over
-  at once instead of being restarted in place; ``ttl`` 20, ``loop_wait`` 1, ``retry_timeout``
-  3 are the smallest Patroni accepts;
+  PostgreSQL server (``/usr/lib/postgresql/15/bin``, or the newest version there): the first
+  to get etcd's initialize key runs ``initdb`` and becomes the primary, the other
+  ``pg_basebackup``s from it and streams. Patroni's ``synchronous_mode`` is on: a commit
+  returns once the replica has its WAL, so what a client saw committed (a fencing token, a
+  ledger row) is still there after a failover to it. ``primary_start_timeout: 0`` makes a
+  primary whose postmaster died fail over at once instead of being restarted in place;
+  ``ttl`` 20, ``loop_wait`` 1, ``retry_timeout`` 3 are the smallest Patroni accepts;
 - HAProxy (Debian's ``haproxy``) in front of both, routing to the node whose Patroni REST API
   answers ``GET /primary`` with 200, checked every 0.5 s; ``on-marked-down shutdown-sessions``
   cuts the sessions of a node once it is no longer the primary (Patroni's own template).
@@ -66,10 +66,26 @@ from typing import Any
 from typing import TypeVar
 
 PG_MAJOR = 15
-BINDIR = Path(os.environ.get("TEST_PATRONI_BINDIR", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
+
+
+def _bindir() -> Path:
+    """PostgreSQL 15's server programs, else the newest version's Debian installed
+    (``TEST_PATRONI_BINDIR`` to choose)."""
+    if chosen := os.environ.get("TEST_PATRONI_BINDIR"):
+        return Path(chosen)
+    versions = sorted(
+        (int(path.parent.parent.name), path.parent)
+        for path in Path("/usr/lib/postgresql").glob("*/bin/postgres")
+        if path.parent.parent.name.isdigit()
+    )
+    preferred = [bindir for version, bindir in versions if version == PG_MAJOR]
+    return (preferred or [bindir for _, bindir in versions[-1:]] or [Path("/nonexistent")])[0]
+
+
+BINDIR = _bindir()
 HAPROXY = os.environ.get("TEST_HAPROXY", "/usr/sbin/haproxy")
 INSTALL_HINT = (
-    "install the Debian packages etcd-server, haproxy and postgresql-15, and the test "
+    "install the Debian packages etcd-server, haproxy and postgresql, and the test "
     "dependency group (patroni[etcd3]); scripts/setup.sh --servers does"
 )
 #: Bound on every wait for the cluster: a guard against one that never gets there, not a
@@ -93,7 +109,7 @@ def missing() -> str | None:
     if not os.access(HAPROXY, os.X_OK):
         lacking.append(f"{HAPROXY} (Debian package haproxy)")
     if not all(os.access(BINDIR / name, os.X_OK) for name in ("postgres", "initdb")):
-        lacking.append(f"PostgreSQL {PG_MAJOR}'s server programs in {BINDIR}")
+        lacking.append(f"PostgreSQL's server programs (postgres, initdb) in {BINDIR}")
     if importlib.util.find_spec("patroni") is None or importlib.util.find_spec("etcd") is None:
         lacking.append("the Python package patroni[etcd3]")
     if os.geteuid() == 0 and not shutil.which("unshare"):
@@ -365,16 +381,50 @@ class Cluster:
         os.kill(pid, signal.SIGKILL)
         return self._after(Operation("failover", old.name, new.name, started))
 
+    def haproxy_states(self) -> dict[str, str]:
+        """HAProxy's own view: each server's status (``UP``, ``DOWN``, ``UP 1/2`` on its way
+        down...), from its stats socket's ``show stat``."""
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(5)
+            client.connect(str(self.folder / "haproxy.sock"))
+            client.sendall(b"show stat\n")
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+        lines = answer.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            row["svname"]: row["status"]
+            for row in rows
+            if row.get("svname") not in ("FRONTEND", "BACKEND")
+        }
+
+    def routed(self, route: str, node: Node) -> bool:
+        """Does ``route`` lead to ``node`` as the primary now? HAProxy is asked first (a
+        client that connects while no server is up waits in its queue: the SQL probe alone
+        would time the queue), then a new SQL connection shows it."""
+        if route == "haproxy":
+            states = self.haproxy_states()
+            if states.get(node.name) != "UP":
+                return False
+            if any(state.startswith("UP") for name, state in states.items() if name != node.name):
+                return False
+        return self.reaches(route, node)
+
     def _after(self, operation: Operation) -> Operation:
         new = self.node(operation.new)
-        for route in ROUTES:
+        pending = set(ROUTES)
 
-            def reached(route: str = route) -> bool:
-                self.check_running()
-                return self.reaches(route, new)
+        def reached() -> bool:
+            self.check_running()
+            for route in sorted(pending):
+                if self.routed(route, new):
+                    operation.primary_up[route] = time.monotonic()
+                    pending.discard(route)
+            return not pending
 
-            wait_for(reached, f"{route} to reach the new primary {new.name} ({operation.kind})")
-            operation.primary_up[route] = time.monotonic()
+        wait_for(reached, f"{sorted(pending)} to reach the new primary {new.name}")
         wait_for(
             lambda: self.whole() == new.name,
             f"{operation.old} streaming from {new.name} again after the {operation.kind}",
@@ -507,6 +557,7 @@ def _patroni_config(cluster: Cluster, node: Node) -> dict[str, Any]:
 HAPROXY_CONFIG = """\
 global
     maxconn 200
+    stats socket {folder}/haproxy.sock mode 600 level user
 
 defaults
     mode tcp
@@ -598,7 +649,9 @@ def _bring_up(cluster: Cluster, peer: int) -> None:
         for node in cluster.nodes
     )
     haproxy_config = folder / "haproxy.cfg"
-    haproxy_config.write_text(HAPROXY_CONFIG.format(port=cluster.haproxy_port, servers=servers))
+    haproxy_config.write_text(
+        HAPROXY_CONFIG.format(port=cluster.haproxy_port, servers=servers, folder=folder)
+    )
     _start(cluster, "haproxy", [HAPROXY, "-db", "-f", str(haproxy_config)])
 
     def bootstrapped() -> str | None:

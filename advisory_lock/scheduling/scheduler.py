@@ -201,6 +201,8 @@ class Scheduler:
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
         self._due: dict[str, Boundary] = {}  # per entry, its due slots (see ``_candidates``)
+        # The earliest ``Boundary.until`` of ``_due`` (None: to be computed again).
+        self._next_boundary: datetime.datetime | None = None
         self._released_at = 0.0  # time.monotonic() of the last release of claims
         # Slots claimed here, the ledger's word taken, waiting for a free worker.
         self._ready: dict[str, Due] = {}
@@ -296,7 +298,7 @@ class Scheduler:
                     self._outage_over()
                 # A lost listening connection with the database in reach: say so.
                 self.listening.say_failure()
-                self._wait(_LOOP)
+                self._wait(self._until_next_look())
         finally:
             self.listening.close()
             self.shut_down()
@@ -425,6 +427,24 @@ class Scheduler:
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
         self.stopping = True
+
+    def _until_next_look(self) -> float:
+        """Seconds to wait before the next pass: ``_LOOP``, or less when an entry's next
+        slot falls due sooner (the earliest ``Boundary.until`` of the entries looked at),
+        so that a boundary's slots are not left waiting for the end of a wait."""
+        if self._clock is None:
+            return _LOOP  # no statement here: this runs outside a pass's outage guard
+        now = self.now()
+        if self._next_boundary is None or self._next_boundary <= now:
+            # Of those still ahead: an entry busy through its boundary is looked at (and its
+            # slots computed again) only once its run is over.
+            self._next_boundary = min(
+                (boundary.until for boundary in self._due.values() if boundary.until > now),
+                default=None,
+            )
+            if self._next_boundary is None:
+                return _LOOP
+        return max(0.0, min(_LOOP, (self._next_boundary - now).total_seconds()))
 
     def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, reaping the children meanwhile (their timeouts too, with no
@@ -653,6 +673,8 @@ class Scheduler:
             slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
             dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
             cached = self._due[entry.name] = Boundary(latest, entry.next_slot(now), dues)
+            if self._next_boundary is not None and cached.until < self._next_boundary:
+                self._next_boundary = cached.until
         if entry.catch_up == "none" and (now - cached.latest).total_seconds() >= entry.interval:
             return []
         return cached.dues

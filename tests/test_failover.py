@@ -270,7 +270,10 @@ def test_three_schedulers_ride_out_a_switchover_and_run_each_slot_due_after_it_o
     succeeded = Counter(slot for slot, status, *_ in ticks if status == "succeeded")
     assert [slot for slot, count in succeeded.items() if count > 1] == []
     expected = {slot_of_second(second) for second in range(first, last + 1)}
-    assert sorted(expected - set(succeeded)) == [], [row for row in ticks if row[0] in expected]
+    assert sorted(expected - set(succeeded)) == [], (
+        f"{[row for row in ticks if row[0] in expected]}\n"
+        f"{[fleet.own_log(number) for number in range(3)]}\n{cluster.logs()}"
+    )
     ran = Counter(run["slot"] for run in runs(tmp_path) if run["job"] == "tick")
     assert [slot for slot in expected if ran[slot] != 1] == []
     assert [slot for slot, count in ran.items() if count > 1] == []  # no body ran twice

@@ -97,15 +97,16 @@ def order(worker: Worker, do: str, **fields: Any) -> None:
     worker.send(json.dumps({"do": do, **fields}))
 
 
-def heartbeat_checks(cluster: Cluster) -> int:
-    """The heartbeat connections on the primary that have asked whether a lock is held (the
-    server's own view: their last statement reads pg_locks)."""
+def heartbeat_checked(cluster: Cluster, holder: Worker) -> bool:
+    """Has the holder's heartbeat asked the primary whether its lock is held? (The server's
+    own view: the app names each of its connections ``pid=<the process's pid> ...``, and the
+    heartbeat's last statement reads pg_locks.)"""
     rows = cluster.sql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s "
         "AND query LIKE %s AND pid <> pg_backend_pid()",
-        ["%heartbeat%", "%pg_locks%"],
+        [f"pid={holder.proc.pid} %", "%pg_locks%"],
     )
-    return int(rows[0][0])
+    return int(rows[0][0]) >= 1
 
 
 OPERATIONS: dict[str, Callable[[Cluster], Operation]] = {
@@ -126,7 +127,10 @@ def test_a_heartbeat_holder_learns_of_its_loss_through_a_switchover_and_a_failov
         order(holder, "hold", key=key, beat=BEAT)
         assert holder.expect("holding")["port"] == primary.port
         # The heartbeat watches the lock on the old primary, and finds it held.
-        wait_for(lambda: heartbeat_checks(cluster) >= 1, "the heartbeat's first check")
+        wait_for(
+            lambda holder=holder: heartbeat_checked(cluster, holder),
+            "the heartbeat's first check",
+        )
         assert holder.poll() is None, "a loss reported while the lock was held"
 
         operation = operate(cluster)

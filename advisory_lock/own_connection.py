@@ -4,9 +4,10 @@ The ledger's rows (``job_runs``) and the fencing tokens (``lock_fences``) must c
 transaction the caller is in: a claim that a rollback undid would let a second run in, a token
 that a rollback gave back would be issued twice. Django gives each thread connections of its
 own, in autocommit: ``on_own_connection`` runs a write in a short-lived thread (or, in a
-process that runs job after job, in one kept thread). ``write`` adds what every such write
-needs: the tests' ``LEDGER_IN_CALLERS_TRANSACTION``, and ``LedgerNotMigrated`` when the app's
-tables are missing (``table_checked``).
+process that runs job after job, on the caller's connection when it is in no transaction, else
+in one kept thread: ``keep_ledger_connection``). ``write`` adds what every such write needs:
+the tests' ``LEDGER_IN_CALLERS_TRANSACTION``, and ``LedgerNotMigrated`` when the app's tables
+are missing (``table_checked``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,17 @@ def write(using: str, func: Callable[[], T], timeout: float | None = None) -> T:
         with table_checked(using):
             return func()
 
+    if _keeping and timeout is None and _outside_transactions(using):
+        return checked()
     return on_own_connection(checked, timeout=timeout)
+
+
+def _outside_transactions(using: str) -> bool:
+    """Is this thread's connection to ``using`` in autocommit, in no transaction? Then each
+    statement on it commits at once (Django's autocommit is the driver's: PEP 249's
+    ``autocommit`` attribute), which is all that a write on a connection of its own buys."""
+    connection = connections[using]
+    return not connection.in_atomic_block and connection.get_autocommit()
 
 
 @contextlib.contextmanager
@@ -102,32 +113,40 @@ def _app_tables() -> list[str]:
     )
 
 
-#: The thread that runs the ledger's writes when a process keeps one (see
-#: ``keep_ledger_connection``), and the connections it opened with it.
+#: Whether this process keeps its ledger connections (see ``keep_ledger_connection``).
+_keeping = False
+#: The thread that then runs the ledger's writes that can't go on the caller's connection,
+#: and the connections it opened with it; made at its first write.
 _kept: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def keep_ledger_connection() -> None:
-    """From now on, run this process's ledger writes in one thread that keeps its
-    connections, instead of a new thread (and so a new connection) for each: for a process
-    that runs job after job (a scheduler's worker). The thread's connections are its own,
-    as a short-lived thread's are, and hold no lock; they are closed after a write that
-    failed, and reopen at the next."""
-    global _kept
-    if _kept is None:
-        _kept = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="advisory_lock-ledger")
+    """From now on, this process's ledger writes open no connection each: for a process that
+    runs job after job (a scheduler's worker). A write goes on the calling thread's own
+    connection when that one is in autocommit, in no transaction (it commits at once there
+    as well), and has no time bound; any other runs in one thread that keeps its
+    connections, instead of a new thread (and so a new connection) each. That thread's
+    connections are its own, as a short-lived thread's are, and hold no lock; they are
+    closed after a write that failed, and reopen at the next."""
+    global _keeping
+    _keeping = True
 
 
 def close_kept_connection() -> None:
     """Close the connections of the thread that runs this process's ledger writes, if it
-    keeps them (they reopen at the next write)."""
+    has one (they reopen at the next write)."""
     if _kept is not None:
         _kept.submit(connections.close_all).result()
 
 
-def _on_kept_connection(
-    kept: concurrent.futures.ThreadPoolExecutor, func: Callable[[], T], timeout: float | None
-) -> T:
+def _kept_thread() -> concurrent.futures.ThreadPoolExecutor:
+    global _kept
+    if _kept is None:
+        _kept = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="advisory_lock-ledger")
+    return _kept
+
+
+def _on_kept_connection(func: Callable[[], T], timeout: float | None) -> T:
     def target() -> T:
         try:
             return func()
@@ -135,14 +154,13 @@ def _on_kept_connection(
             connections.close_all()  # the next write starts on fresh connections
             raise
 
-    future = kept.submit(target)
+    future = _kept_thread().submit(target)
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
         # The thread waits on a silent database: left to it, and a new one for what follows.
         global _kept
         _kept = None
-        keep_ledger_connection()
         raise TimeoutError(f"the database did not answer within {timeout:g}s") from None
 
 
@@ -150,8 +168,8 @@ def on_own_connection(func: Callable[[], T], timeout: float | None = None) -> T:
     """Run ``func`` in a short-lived thread: Django gives a thread connections of its own,
     in autocommit, so what it writes commits at once whatever transaction the caller is in.
     (In a process that keeps its ledger connection, in that one thread instead.)"""
-    if _kept is not None:
-        return _on_kept_connection(_kept, func, timeout)
+    if _keeping:
+        return _on_kept_connection(func, timeout)
     outcome: dict[str, Any] = {}
 
     def target() -> None:

@@ -4,8 +4,9 @@ A worker is forked from its scheduler when the scheduler starts (Django is set u
 start-up per run), and runs the slots its scheduler gives it, one after the other, each as a
 ``GuardedRun`` (the entry's lock, the ledger's claim of the slot, the recorded end) exactly
 as a process of its own would. It keeps its connections from one run to the next: Django's
-(closed after a failed run, so that the next starts clean), the ledger's (one thread's, see
-``keep_ledger_connection``) and the one it takes entries' locks on (closed only after
+(closed after a failed run, so that the next starts clean; the ledger's writes go on it
+between the runs' transactions, else on one kept thread's: see ``keep_ledger_connection``)
+and the one it takes entries' locks on (closed only after
 trouble: see ``DedicatedLock``); all three are closed once it has waited ``IDLE_CLOSE``
 seconds for a run, so that an idle fleet holds only its schedulers' connections.
 
@@ -200,7 +201,7 @@ def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
     lock_connection = dedicated_connection(direct_alias(using), "run_jobs worker")
-    keep_ledger_connection()  # the ledger's writes on one kept connection, not one each
+    keep_ledger_connection()  # the ledger's writes on kept connections, not one each
     while True:
         try:
             if not jobs.poll(IDLE_CLOSE):

@@ -107,6 +107,9 @@ _LOOP = 0.2  # seconds between two looks at the clock while idle
 #: About how many schedulers of a fleet look for requests in each poll interval.
 POLLERS = 4
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
+#: How many due slots a scheduler claims ahead per worker, its runs going on included: a
+#: bound on the slots it keeps from the others while its workers are busy.
+_AHEAD = 8
 _RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
 #: The longest wait, in seconds, between two tries of a scheduler while the database is out
 #: of reach: a scheduler is back at most this long after its database.
@@ -530,16 +533,20 @@ class Scheduler:
 
     def start_due(self) -> None:
         """Give due slots to this scheduler's free workers, each once its entry is claimed
-        here. Claims are made ahead, up to one more slot per worker (``_ready``), so that a
-        batch serves several runs: per batch, one statement for the claims, one for the
-        ledger's word on the claimed slots, one for their pauses. A slot whose entry another
-        scheduler claimed is left to it (see ``_elsewhere``). A signal stops the pass (no new
-        runs), and the heartbeat is kept up meanwhile."""
+        here. Claims are made ahead (``_ready``), so that a batch serves many runs: per
+        batch, one statement for the claims, one for the ledger's word on the claimed slots,
+        one for their pauses. A batch is made once no more than one slot per worker is
+        left waiting, and claims up to ``_AHEAD`` slots per worker in all (running and
+        waiting): a boundary's slots cost a few batches, not one per run's end. A slot whose
+        entry another scheduler claimed is left to it (see ``_elsewhere``). A signal stops
+        the pass (no new runs), and the heartbeat is kept up meanwhile."""
         self.pool.fill()
         if self.stopping:
             return
         self._start_ready()
-        wanted = 2 * self.pool.size - len(self.children) - len(self._ready)
+        if len(self._ready) > self.pool.size:
+            return  # enough waiting: the next batch once the workers have taken most
+        wanted = _AHEAD * self.pool.size - len(self.children) - len(self._ready)
         if wanted <= 0:
             return
         pending = self._next_slots(self.now())

@@ -121,13 +121,15 @@ class LockBackend:
         """True if this session holds the lock now (asked by a dedicated lock's watchdog)."""
         raise NotImplementedError
 
-    def server_session(self) -> int:
-        """The id the server's lock table knows this connection's session by (PostgreSQL's
-        backend pid, MySQL's connection id), for a heartbeat to ask about from another
-        connection (``held_by``)."""
+    def server_session(self) -> Any:
+        """What names this connection's session for a heartbeat to ask about from another
+        connection (``held_by``): the id the server's lock table knows it by (PostgreSQL's
+        backend pid, MySQL's connection id) and the server itself, whose ids another server
+        (a failover's new primary) or a restarted one may give to another session. May run
+        one statement."""
         raise NotImplementedError
 
-    def held_by(self, db_key: Any, session: int) -> bool:
+    def held_by(self, db_key: Any, session: Any) -> bool:
         """Does the server session ``session`` (another connection's ``server_session()``)
         hold ``db_key`` now? One statement on this connection."""
         raise NotImplementedError

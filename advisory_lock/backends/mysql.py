@@ -167,14 +167,40 @@ class MySQLBackend(LockBackend):
     def release_many(self, db_keys: list[Any]) -> None:
         self._run("SELECT " + ", ".join(f"RELEASE_LOCK({self._quoted(key)})" for key in db_keys))
 
-    def server_session(self) -> int:
-        # MySQLdb's documented thread_id(): the server's CONNECTION_ID() of this connection,
-        # which IS_USED_LOCK() returns for the holder.
-        return int(self._driver_connection().thread_id())
+    def server_session(self) -> tuple[int, str, int]:
+        # CONNECTION_ID(), which IS_USED_LOCK() returns for the holder, names a session on
+        # one server only, and its counter starts again at each start: after a failover or
+        # a restart, another session of the server then answering may have it. So the
+        # server is named too: its host name and when it started (now less its Uptime
+        # status, in whole seconds).
+        (connection_id, host, started) = self._run(
+            f"SELECT CONNECTION_ID(), @@hostname, {self._server_started()}"
+        )
+        return int(connection_id), str(host), int(started)
 
-    def held_by(self, db_key: Any, session: int) -> bool:
-        (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = {int(session)}")
+    def held_by(self, db_key: Any, session: tuple[int, str, int]) -> bool:
+        connection_id, host, started = int(session[0]), str(session[1]), int(session[2])
+        # The start, computed from two clocks read a moment apart, may be one second off.
+        (held,) = self._run(
+            f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = {connection_id} "
+            f"AND @@hostname = {self._quoted(host)} "
+            f"AND ABS({self._server_started()} - {started}) <= 1"
+        )
         return bool(held == 1)
+
+    def _server_started(self) -> str:
+        """An expression: when this server started, in Unix seconds. Its Uptime status is in
+        information_schema.GLOBAL_STATUS on MariaDB, performance_schema.global_status on
+        MySQL 5.7+ (where the former was removed)."""
+        table = (
+            "information_schema.GLOBAL_STATUS"
+            if self._is_mariadb()
+            else "performance_schema.global_status"
+        )
+        return (
+            f"(UNIX_TIMESTAMP() - (SELECT VARIABLE_VALUE FROM {table} "
+            f"WHERE VARIABLE_NAME = 'Uptime'))"
+        )
 
     def is_held(self, db_key: Any) -> bool:
         (held,) = self._run(f"SELECT IS_USED_LOCK({self._quoted(db_key)}) = CONNECTION_ID()")

@@ -411,18 +411,29 @@ class PostgreSQLBackend(LockBackend):
             )
             raw.close()
 
-    def server_session(self) -> int:
+    def server_session(self) -> tuple[int, str]:
         # The pid the lock statements ran on (each returns it), else the one of libpq's
-        # connection (psycopg's documented ConnectionInfo.backend_pid).
+        # connection (psycopg's documented ConnectionInfo.backend_pid). A pid names a
+        # session on one server only: after a failover or a restart, another session of
+        # the server then answering may have it. So the server is named too, by when its
+        # postmaster started (pg_postmaster_start_time(); a promoted standby keeps its own,
+        # a restart makes a new one), in microseconds since the epoch (whatever the
+        # session's TimeZone).
         raw = self._driver_connection()
-        return self._pid if self._pid is not None else int(raw.info.backend_pid)
+        pid = self._pid if self._pid is not None else int(raw.info.backend_pid)
+        (started,) = self._run(f"SELECT {_POSTMASTER_STARTED}".encode())
+        return pid, int(started)
 
-    def held_by(self, db_key: Any, session: int) -> bool:
+    def held_by(self, db_key: Any, session: tuple[int, int]) -> bool:
         # pg_locks shows every session's locks, with its server pid (its documented "pid").
+        pid, started = int(session[0]), int(session[1])
         classid, objid, objsubid = lock_row_ids(db_key)
         self._driver_connection()
-        sql = f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = {{3}})"
-        return bool(self._run(sql.format(classid, objid, objsubid, int(session)).encode())[0])
+        sql = (
+            f"SELECT {_POSTMASTER_STARTED} = {started} AND EXISTS "
+            f"(SELECT 1 FROM pg_locks l WHERE {_LOCK_ROW} AND l.pid = {pid})"
+        )
+        return bool(self._run(sql.format(classid, objid, objsubid).encode())[0])
 
     def is_held(self, db_key: Any) -> bool:
         self._driver_connection()  # first: the pid and the client must be current
@@ -1057,6 +1068,8 @@ _EXPECTED = (
 
 # pg_locks shows a bigint key as classid (high 32 bits) and objid (low), objsubid 1; an int
 # pair as classid, objid, objsubid 2.
+#: When the server's postmaster started, in microseconds since the epoch: a bigint.
+_POSTMASTER_STARTED = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint"
 _LOCK_ROW = (
     "l.locktype = 'advisory' AND l.granted "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "

@@ -411,7 +411,7 @@ class PostgreSQLBackend(LockBackend):
             )
             raw.close()
 
-    def server_session(self) -> tuple[int, str]:
+    def server_session(self) -> tuple[int, int]:
         # The pid the lock statements ran on (each returns it), else the one of libpq's
         # connection (psycopg's documented ConnectionInfo.backend_pid). A pid names a
         # session on one server only: after a failover or a restart, another session of

@@ -572,7 +572,11 @@ class Scheduler:
                 if name in claimed:
                     chosen[name] = due
                 else:
-                    self._elsewhere.add((name, due.slot))
+                    # Another scheduler runs the entry. For catch_up "all" that says nothing
+                    # of this slot: it runs one of the entry's missed slots at a time, maybe
+                    # another one, and this slot is looked at again at the next pass.
+                    if self.entries[name].catch_up != "all":
+                        self._elsewhere.add((name, due.slot))
                     if name in self._own:
                         self._shares_left = max(self._shares_left, 1)  # the fleet changed
             ready = self._wanted(chosen)

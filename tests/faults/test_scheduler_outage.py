@@ -27,7 +27,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -44,6 +43,7 @@ from tests.faults.helpers import server_is_up
 from tests.faults.helpers import start_server
 from tests.faults.helpers import stop_server
 from tests.faults.helpers import wait_for_other_pytest_runs
+from tests.processes import start_run_jobs
 from tests.schedule_jobs import runs
 from tests.schedulers import JOBS
 from tests.schedulers import ROOT
@@ -125,19 +125,7 @@ class Fleet:
             "PYTHONUNBUFFERED": "1",
             **env,
         }
-        # Files, not pipes: the job processes inherit them.
-        with (
-            open(self.folder / f"run_jobs.{number}.out", "w") as out,
-            open(self.folder / f"run_jobs.{number}.err", "w") as err,
-        ):
-            process = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), "run_jobs", *argv],
-                cwd=ROOT,
-                env=environment,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        process = start_run_jobs(self.folder, number, argv, environment)
         process.number = number
         self.processes.append(process)
         return process
@@ -317,7 +305,11 @@ def test_three_schedulers_ride_out_a_server_restart_and_run_each_slot_due_after_
         ledger.filter(job_name="tick", status=Status.SUCCEEDED).values_list("period", flat=True)
     )
     expected = {second(at(moment)) for moment in range(first, last + 1)}
-    assert sorted(expected - set(succeeded)) == []
+    missing = sorted(expected - set(succeeded))
+    assert missing == [], (
+        list(ledger.filter(job_name="tick", period__in=missing).values()),
+        [fleet.own_log(process) for process in schedulers],
+    )
     assert [slot for slot, count in succeeded.items() if count > 1] == []
     ran = Counter(run["slot"] for run in runs(tmp_path) if run["job"] == "tick")
     assert [slot for slot in expected if ran[slot] != 1] == []

@@ -65,6 +65,8 @@ from pathlib import Path
 from typing import Any
 from typing import TypeVar
 
+from tests.processes import start_run_jobs
+
 PG_MAJOR = 15
 
 
@@ -748,19 +750,7 @@ class Schedulers:
             ADVISORY_LOCK_TEST_SCHEDULE=json.dumps(schedule),
             ADVISORY_LOCK_TEST_JOBS_DIR=str(self.folder),
         )
-        with (
-            open(self.folder / f"run_jobs.{number}.out", "w") as out,
-            open(self.folder / f"run_jobs.{number}.err", "w") as err,
-        ):
-            process = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), "run_jobs", *argv],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        process = start_run_jobs(self.folder, number, argv, env)
         self.processes.append(process)
         return process
 

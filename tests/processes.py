@@ -151,3 +151,24 @@ class Workers:
     def kill_all(self) -> None:
         for worker in self.started:
             worker.kill()
+
+
+def start_run_jobs(
+    folder: Path, number: int, argv: tuple[str, ...], env: dict
+) -> subprocess.Popen:
+    """``manage.py run_jobs *argv`` in a session of its own, with ``env``; its stdout and
+    stderr in ``folder``'s ``run_jobs.<number>.out`` and ``.err``: files, not pipes, which its
+    job processes inherit and nobody has to drain."""
+    with (
+        open(folder / f"run_jobs.{number}.out", "w") as out,
+        open(folder / f"run_jobs.{number}.err", "w") as err,
+    ):
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "run_jobs", *argv],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )

@@ -351,6 +351,13 @@ class Scheduler:
         abandon_orphans(self.using, self.entries.keys(), alive)
         self.heartbeat.forget_the_dead(self.now())
         self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
+        # Only the slots of the entries' current boundaries are ever looked up in
+        # ``_settled`` (``_next_slots`` asks about ``_candidates``, all from ``_due``): the
+        # others go, else it would grow by each slot run, for as long as the scheduler lives.
+        current = {
+            (name, due.slot) for name, boundary in self._due.items() for due in boundary.dues
+        }
+        self._settled &= current
         self._due.clear()
         self._quiet.clear()
 

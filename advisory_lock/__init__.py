@@ -10,11 +10,15 @@ from advisory_lock.exceptions import SlotAlreadySucceeded
 from advisory_lock.holds import LockHandle
 from advisory_lock.locks import AdvisoryLock
 from advisory_lock.locks import advisory_lock
+from advisory_lock.signals import entry_unhealthy
 from advisory_lock.signals import job_overdue
 from advisory_lock.signals import lock_acquired
 from advisory_lock.signals import lock_busy
 from advisory_lock.signals import lock_lost
 from advisory_lock.signals import lock_released
+from advisory_lock.signals import no_scheduler_alive
+from advisory_lock.signals import slot_failed
+from advisory_lock.signals import slot_missed
 from advisory_lock.single_instance import SingleInstanceMixin
 from advisory_lock.single_instance import single_instance
 
@@ -54,13 +58,17 @@ __all__ = [
     "SingleInstanceMixin",
     "SlotAlreadySucceeded",
     "advisory_lock",
+    "entry_unhealthy",
     "held_locks",
     "job_overdue",
     "lock_acquired",
     "lock_busy",
     "lock_lost",
     "lock_released",
+    "no_scheduler_alive",
     "reset_pooled_connection",
     "run_once",
     "single_instance",
+    "slot_failed",
+    "slot_missed",
 ]

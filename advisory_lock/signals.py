@@ -28,6 +28,23 @@ lock_released = Signal()
 lock_busy = Signal()
 #: A held lock was found lost (its connection closed or killed, or a pooler moved it).
 lock_lost = Signal()
+#: The alerts of the scheduler (``advisory_lock.scheduling.alerts``), each sent once per event,
+#: in the process that found it, and logged at ERROR with the same values as the record's
+#: ``extra``. Arguments: ``using``, ``entry`` (an ``Entry``, None for
+#: ``no_scheduler_alive``), ``slot`` (str or None), ``run`` (a ``JobRun`` or None), ``error``
+#: (a sentence). ``sender`` is ``advisory_lock.schedule.Entry``.
+#: A scheduled slot's run failed (each failed attempt: its job raised, its lock was lost, it
+#: passed its timeout or its process died).
+slot_failed = Signal()
+#: A slot of a scheduled entry fell due and was never started (no scheduler alive, or none
+#: in time), found by the scheduler that starts the entry's next slot. More arguments:
+#: ``slots``, every slot missed in that gap (newest first, at most 100; ``slot`` is the first).
+slot_missed = Signal()
+#: The last ``alert_after`` slots of a scheduled entry have all failed (sent when the streak
+#: reaches it, not again until a slot succeeds).
+entry_unhealthy = Signal()
+#: ``run_jobs --check`` or ``job_runs --overdue`` found no scheduler alive (once per check).
+no_scheduler_alive = Signal()
 #: ``manage.py job_runs --overdue`` found a declared job overdue. Arguments: ``job_name``,
 #: ``period``, ``missing_slot``, ``slot_ended_at``, ``last_success`` (a JobRun or None).
 job_overdue = Signal()

@@ -48,3 +48,7 @@ if server_clock := os.environ.get("ADVISORY_LOCK_TEST_SERVER_CLOCK"):
         if settings_dict["ENGINE"] == "django.db.backends.mysql":
             options = settings_dict.setdefault("OPTIONS", {})
             options["init_command"] = f"SET TIMESTAMP = {int(server_clock)}"
+
+# tests/test_alerts.py: the alerts of these processes written down (tests/alertapp).
+if os.environ.get("ADVISORY_LOCK_TEST_ALERTS"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.alertapp"]  # noqa: F405

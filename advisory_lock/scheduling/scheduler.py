@@ -74,6 +74,8 @@ from advisory_lock.ledger import deciding_attempts
 from advisory_lock.ledger import fail_orphaned
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
+from advisory_lock.scheduling.alerts import missed_before
+from advisory_lock.scheduling.alerts import slot_failed
 from advisory_lock.scheduling.claims import Claims
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
@@ -709,6 +711,9 @@ class Scheduler:
         }
         if not wanted:
             return {}
+        # A slot about to get its first attempt: was the one before it ever started?
+        first = {name: due.at for name, due in wanted.items() if name not in deciding}
+        missed_before(self.using, self.entries, first, self._attempted)
         # A slot that fell due while the entry was paused never runs, even after the resume.
         # It is settled only once the pause is over: a resume is stamped with the database's
         # clock before it commits, so one that commits after this look may still say that
@@ -738,6 +743,10 @@ class Scheduler:
         seen = set(runs.filter(period__in=list(names)).values_list("period", flat=True))
         missed = [slot for name, slot in names.items() if name not in seen][:MAX_CATCH_UP]
         return sorted(missed)
+
+    def _attempted(self, name: str, slot: str) -> bool:
+        """Does this scheduler know that ``slot`` of ``name`` had an attempt?"""
+        return (name, slot) in self._settled or (name, slot) in self._elsewhere
 
     def _wants_run(self, entry: Entry, due: Due, last: JobRun | None) -> bool:
         """Does ``due`` run now, given its deciding attempt ``last``?"""
@@ -878,7 +887,8 @@ class Scheduler:
         if not died and status in (FAILED, LOST):
             self._settled.discard((child.entry.name, child.slot))  # retried while the latest
             self.say(f"run_jobs: {run} failed.")
-            return  # the worker recorded it
+            slot_failed(self.using, child.entry, child.slot)  # the worker recorded it
+            return
         how = child.run.stopped_because or f"its process died (exit status {status})"
         self._deaths.append(Death(child, how, time.monotonic()))
 
@@ -917,6 +927,7 @@ class Scheduler:
                     f"the slot, or its row was ended already)"
                 )
             self.say(f"run_jobs: {run} failed: {how}{unrecorded}")
+            slot_failed(self.using, child.entry, slot, f"The run {how}{unrecorded}.")
 
     def _record_deaths_before_exit(self) -> None:
         """Record the deaths, waiting for the server to free their locks (bounded by

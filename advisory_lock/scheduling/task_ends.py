@@ -12,6 +12,7 @@ from advisory_lock.ledger import end_enqueued
 from advisory_lock.queues import ResultsNotStored
 from advisory_lock.queues import queue_for
 from advisory_lock.schedule import Entry
+from advisory_lock.scheduling.alerts import slot_failed
 
 logger = logging.getLogger("advisory_lock")
 Status = JobRun.Status
@@ -94,3 +95,5 @@ class TaskEnds:
                 ):
                     ended = "succeeded" if outcome.succeeded else "failed"
                     say(f"run_jobs: {name} [{run.period}] task {run.task_id} {ended}.")
+                    if not outcome.succeeded:
+                        slot_failed(self.using, entry, run.period)

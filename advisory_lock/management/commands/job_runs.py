@@ -20,6 +20,7 @@ from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduling.alerts import alert_no_scheduler_alive
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.pruning import prune
 from advisory_lock.scheduling.timeline import MAX_SLOTS
@@ -209,6 +210,8 @@ class Command(BaseCommand):
     def overdue(self, using: str, *, as_json: bool) -> None:
         """Report the overdue jobs; exit with status 1 when there is any (for monitors)."""
         overdue = overdue_jobs(using)
+        for reason in sorted({job.reason for job in overdue if job.reason}):
+            alert_no_scheduler_alive(using, reason)  # the only reason the report gives
         for job in overdue:
             signals.job_overdue.send_robust(
                 sender=type(self),

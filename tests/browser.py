@@ -69,7 +69,7 @@ def missing(what: str) -> None:
     message = f"{what}: the browser tests can't run."
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but {message}", pytrace=False)
-    pytest.skip(f"\n\n*** {message} They are SKIPPED. ***\n")
+    pytest.skip(f"\n\n*** {message[:1].upper()}{message[1:]} They are SKIPPED. ***\n")
 
 
 @contextlib.contextmanager

@@ -106,11 +106,11 @@ def chromium():
 
     executable = find_chromium()
     if executable is None:
-        missing("No chromium program (Debian's package chromium; scripts/setup.sh --servers)")
+        missing("no chromium program (Debian's package chromium; scripts/setup.sh --servers)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        missing("No Playwright (pyproject.toml's test group; scripts/setup.sh installs it)")
+        missing("no Playwright (pyproject.toml's test group; scripts/setup.sh installs it)")
     with launched(executable) as browser:
         yield browser
 

@@ -8,8 +8,8 @@ How one browser test runs:
 1. ``admin_site`` (once per test module and database) starts ``manage.py runserver`` with
    tests/browser_settings.py on that alias's test database and the module's ``admin_schedule``
    (``serve_admin()``), and creates a superuser there;
-2. ``admin_page`` opens a fresh browser context (1280x800, no cookies) and logs in through the
-   admin's login form (``log_in()``);
+2. ``admin_session`` logs in through the admin's login form once (``log_in()``), and each
+   ``admin_page`` is a browser context of its own (1280x800) with those cookies;
 3. the test clicks through the pages, with ``admin_schedulers`` for real ``run_jobs``
    processes on the same database and schedule (tests/schedulers.py);
 4. at its end the schedulers are killed and the rows of the app's tables on the alias deleted.

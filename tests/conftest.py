@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -156,13 +157,14 @@ def admin_database(admin_site, django_db_blocker):
         LogEntry.objects.using(admin_site.using).all().delete()
 
 
-@pytest.fixture
-def browser_page(chromium):
-    """A page in a fresh browser context (no cookies), 1280x800, closed after the test."""
+@contextlib.contextmanager
+def _browser_page(chromium, **options):
+    """A page in a new browser context (1280x800; ``options``: Playwright's ``new_context``
+    options), closed when the block ends."""
     from tests.browser import HANG_MS
     from tests.browser import VIEWPORT
 
-    context = chromium.new_context(viewport=VIEWPORT)
+    context = chromium.new_context(viewport=VIEWPORT, **options)
     context.set_default_timeout(HANG_MS)
     try:
         yield context.new_page()
@@ -171,12 +173,29 @@ def browser_page(chromium):
 
 
 @pytest.fixture
-def admin_page(browser_page, admin_site, admin_database):
-    """A page of the admin, logged in as ``admin_site``'s superuser."""
+def browser_page(chromium):
+    """A page in a fresh browser context (no cookies), 1280x800, closed after the test."""
+    with _browser_page(chromium) as page:
+        yield page
+
+
+@pytest.fixture(scope="module")
+def admin_session(chromium, admin_site):
+    """The cookies of ``admin_site``'s superuser, logged in through the login form once per
+    test module and database (Playwright's storage state)."""
     from tests.browser import log_in
 
-    log_in(browser_page, admin_site)
-    return browser_page
+    with _browser_page(chromium) as page:
+        log_in(page, admin_site)
+        return page.context.storage_state()
+
+
+@pytest.fixture
+def admin_page(chromium, admin_session, admin_database):
+    """A page of the admin in a browser context of its own, logged in as ``admin_site``'s
+    superuser; closed after the test."""
+    with _browser_page(chromium, storage_state=admin_session) as page:
+        yield page
 
 
 @pytest.fixture

@@ -132,6 +132,7 @@ def admin_site(request, admin_schedule, django_db_setup, django_db_blocker, tmp_
     folder = tmp_path_factory.mktemp(f"admin-{alias}")
     with django_db_blocker.unblock():
         users = User.objects.db_manager(alias)
+        users.filter(username="admin").delete()  # left by a test that did not clean up
         user = users.create_superuser("admin", "admin@example.com", "admin-password")
         try:
             with serve_admin(alias, admin_schedule, folder) as server:

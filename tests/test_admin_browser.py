@@ -1,7 +1,8 @@
 """The admin in a real browser: Debian's chromium, driven by Playwright, against the admin
 served by a real HTTP server in a process of its own, on each database (tests/browser.py says
 how; the fixtures are in tests/conftest.py). What an operator does: log in, pause an entry,
-run one now and see a live ``run_jobs`` run it, open a failed run from the job runs list.
+run one now and see a live ``run_jobs`` run it, open a failed run from the job runs list; and
+what the browser shows of every run status (its badge's colour, as computed).
 
 The rows these clicks write are read back from the database the server uses (the job_controls
 row that names the user, the ledger's runs), and a run is waited for on its row.
@@ -9,11 +10,15 @@ row that names the user, the ledger's runs), and a run is waited for on its row.
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import TYPE_CHECKING
 
 import pytest
 
+from advisory_lock.admin import STATUS_COLOURS
+from advisory_lock.admin import STATUS_LABELS
+from advisory_lock.admin import UNKNOWN_COLOUR
 from advisory_lock.models import JobRun
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
@@ -39,6 +44,14 @@ pytestmark = pytest.mark.browser
 #: entry's current slot (its first run), so a test that starts one sees those runs too.
 REPORT = {"callable": f"{JOBS}.tick", "every": 3600}
 BROKEN = {"callable": f"{JOBS}.fail", "every": 3600}
+#: Every status a run can have, and one that no version of the app writes (markup in it).
+STATUSES = [*JobRun.Status, "<i>later</i>"]
+
+
+def rgb(colour: str) -> str:
+    """``#rrggbb`` as a browser's computed style gives it."""
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({red}, {green}, {blue})"
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +151,19 @@ def test_a_failed_run_opens_from_the_job_runs_list_with_its_traceback(
     expect(page.locator(".field-traceback pre")).to_contain_text(
         "RuntimeError: the scheduled job failed on purpose"
     )
+
+
+def test_every_run_status_shows_as_a_badge_of_its_colour(admin_page: Page, admin_site: AdminSite):
+    started = datetime.datetime(2026, 11, 29, 3, 0, tzinfo=datetime.timezone.utc)
+    for number, status in enumerate(STATUSES):
+        JobRun.objects.using(admin_site.using).create(
+            job_name=f"job-{number}", period="2026-11-29", status=status, started_at=started
+        )
+    page = admin_page
+    page.goto(admin_site.url(JOB_RUNS))
+    for status in STATUSES:
+        badge = page.locator(f'#result_list .jobrun-status[data-status="{status}"]')
+        expect(badge).to_have_text(STATUS_LABELS.get(status, status))  # the unknown one as stored
+        expect(badge).to_have_css(
+            "background-color", rgb(STATUS_COLOURS.get(status, UNKNOWN_COLOUR))
+        )

@@ -51,6 +51,9 @@ VIEWPORT = {"width": 1280, "height": 800}
 #: A guard against a hang, never a timing: how long a click, a page load or an ``expect()``
 #: may wait (a loaded 2-core machine takes seconds to start a Django process).
 HANG_MS = 120_000
+if expect is not None:
+    # The assertions' wait too (Playwright's default: 5 s), not only the actions'.
+    expect.set_options(timeout=HANG_MS)
 #: The admin's pages, under the server's root.
 LOGIN = "/admin/login/"
 SCHEDULE = "/admin/advisory_lock/jobrun/schedule/"

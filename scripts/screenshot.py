@@ -1,8 +1,13 @@
-"""Take the README's screenshots of the admin with headless Chromium (Debian's chromium).
+"""Regenerate the docs' screenshots of the admin: headless Debian chromium, driven by
+Playwright, photographs the pages that the browser tests drive, served the same way.
 
-The pages are rendered by Django's test client as a logged-in superuser, written to files
-whose static URLs point at a local runserver, and photographed by Chromium.
+The demo project (testproject/screenshot_settings.py: its schedule) is migrated into a
+temporary SQLite database and seeded with runs, pauses and live schedulers; Django's
+runserver serves it in a process of its own (tests/http_servers.py), a superuser logs in
+through the login form (tests/browser.py), and each page is saved at 1280x800 into docs/:
     .venv/bin/python scripts/screenshot.py
+Needs Debian's chromium (scripts/setup.sh --servers installs it) and Playwright (the test
+dependency group).
 """
 
 from __future__ import annotations
@@ -10,25 +15,25 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 WORK = Path(tempfile.mkdtemp(prefix="advisory-lock-screenshot-"))
 os.environ["DATABASE_URL"] = f"sqlite:///{WORK / 'shots.sqlite3'}"
-os.environ["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+os.environ["DJANGO_SETTINGS_MODULE"] = "testproject.screenshot_settings"
 sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+#: The traceback of the seeded failed run (the run's page shows it).
+FAILED_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/reports/management/commands/nightly_report.py", line 41, in handle
+    send_report(build_report(day), to=settings.REPORT_RECIPIENTS)
+  File "/srv/app/reports/mail.py", line 17, in send_report
+    connection.send_messages([message])
+ConnectionError: SMTP server mail.internal:587 timed out after 30 s"""
 
 
 def seed() -> None:
@@ -49,21 +54,13 @@ def seed() -> None:
                     duration=datetime.timedelta(seconds=seconds), host=host, pid=4100 + day,
                 )
             )  # fmt: skip
-    rows[3].status, rows[3].error = "failed", "Traceback ...\nConnectionError: SMTP timed out"
+    rows[2].status, rows[2].error = "failed", FAILED_TRACEBACK
     rows[6].status = "abandoned"
     rows.append(
         JobRun(job_name="import_prices", period=f"{now:%Y-%m-%dT%H}", status="running",
                started_at=now, host="web-2", pid=5210, lock_key="job:import_prices")
     )  # fmt: skip
     JobRun.objects.bulk_create(rows)
-
-
-#: The schedule shown on the Schedule and timeline pages.
-SCHEDULE = {
-    "nightly-report": {"command": "check", "cron": "0 3 * * *", "grace": 7200},
-    "import-prices": {"callable": "gc.collect", "every": 3600, "grace": 600},
-    "send-invoices": {"callable": "gc.collect", "every": 900},
-}
 
 
 def seed_schedule() -> None:
@@ -120,10 +117,8 @@ def seed_schedule() -> None:
 
 
 def hold_in_another_thread(key: str) -> None:
-    """Take ``key`` in a thread that keeps it until the script ends (a request ending in
-    this thread would release a session lock left held on its connection)."""
-    import threading
-
+    """Take ``key`` in a thread that keeps it until the script ends: the Locks page shows it
+    (SQLite's lock is a file lock, which the server's process sees in /proc/locks)."""
     from advisory_lock import advisory_lock
 
     held = threading.Event()
@@ -143,62 +138,49 @@ def main() -> None:
     django.setup()
     from django.contrib.auth.models import User
     from django.core.management import call_command
-    from django.test import Client
-    from django.test import override_settings
 
+    from advisory_lock.models import JobRun
+    from tests.browser import VIEWPORT
+    from tests.browser import AdminSite
+    from tests.browser import find_chromium
+    from tests.browser import launched
+    from tests.browser import log_in
+    from tests.http_servers import serving
+
+    executable = find_chromium()
+    if executable is None:
+        sys.exit("No chromium program: install Debian's chromium (scripts/setup.sh --servers).")
     call_command("migrate", verbosity=0)
     seed()
     seed_schedule()
-    admin = User.objects.create_superuser("admin", "admin@example.com", "admin")
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"],
-        env={**os.environ, "DJANGO_DEBUG": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    failed = JobRun.objects.filter(job_name="nightly_report", status="failed").get()
+    since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=16)
+    pages = (
+        ("/admin/advisory_lock/jobrun/schedule/", "admin-schedule.png"),
+        ("/admin/advisory_lock/jobrun/", "admin-job-runs.png"),
+        (f"/admin/advisory_lock/jobrun/{failed.pk}/change/", "admin-job-run.png"),
+        ("/admin/advisory_lock/jobrun/locks/", "admin-held-locks.png"),
+        (
+            "/admin/advisory_lock/jobrun/schedule/timeline/?entry=import-prices&since="
+            + since.isoformat().replace("+", "%2B"),
+            "admin-timeline.png",
+        ),
     )
+    hold_in_another_thread("job:import_prices")  # shown on the Locks page
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        client = Client()
-        client.force_login(admin)
-        hold_in_another_thread("job:import_prices")  # shown on the held-locks page
-        pages = (
-            ("/admin/advisory_lock/jobrun/", "admin-job-runs.png"),
-            ("/admin/advisory_lock/jobrun/locks/", "admin-held-locks.png"),
-            ("/admin/advisory_lock/jobrun/schedule/", "admin-schedule.png"),
-            (
-                "/admin/advisory_lock/jobrun/schedule/timeline/?entry=import-prices&since="
-                + (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=16))
-                .isoformat()
-                .replace("+", "%2B"),
-                "admin-timeline.png",
-            ),
-        )
-        for url, name in pages:
-            with override_settings(ADVISORY_LOCK={"SCHEDULE": SCHEDULE}):
-                html = client.get(url, HTTP_HOST="127.0.0.1").content.decode()
-            page = WORK / "page.html"
-            page.write_text(html.replace('"/static/', f'"http://127.0.0.1:{port}/static/'))
-            subprocess.run(
-                [
-                    "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={WORK / 'chromium'}", "--hide-scrollbars",
-                    "--window-size=1700,600", f"--screenshot={DOCS / name}", page.as_uri(),
-                ],
-                check=True,
-                capture_output=True,
-            )  # fmt: skip
-            print(f"wrote docs/{name}")
+        with serving("runserver", dict(os.environ)) as server, launched(executable) as browser:
+            site = AdminSite("default", server, "admin", "admin")
+            page = browser.new_context(viewport=VIEWPORT).new_page()
+            # The admin's navigation sidebar closed (Django keeps its state in localStorage):
+            # the pages' tables get the width.
+            page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+            log_in(page, site)
+            for url, name in pages:
+                page.goto(site.url(url))
+                page.screenshot(path=DOCS / name)
+                print(f"wrote docs/{name}")
     finally:
-        server.terminate()
-        server.wait()
         shutil.rmtree(WORK, ignore_errors=True)
 
 

@@ -50,6 +50,9 @@ if $servers; then
   [ -x /usr/sbin/haproxy ] || need_packages+=(haproxy)
   # The cluster check's test runs a one-node Galera cluster.
   [ -e /usr/lib/galera/libgalera_smm.so ] || need_packages+=(galera-4)
+  # The browser tests (tests/browser.py) and scripts/screenshot.py drive Debian's Chromium
+  # with Playwright, whose own browser download is not needed.
+  command -v chromium >/dev/null || need_packages+=(chromium)
   if [ -z "${TEST_POSTGRES_URL:-}" ] && ! compgen -G "/usr/lib/postgresql/*/bin/postgres" \
     >/dev/null && ! listening 5432; then
     need_packages+=(postgresql)

@@ -1,6 +1,8 @@
-"""Serve the test project with gunicorn or uvicorn, and send it many POSTs at once.
+"""Serve the test project with gunicorn, uvicorn or Django's runserver, and send it many POSTs
+at once.
 
-Used by ``tests/test_web_servers.py`` and ``bench/web_servers.py``. A server runs in a process
+Used by ``tests/test_web_servers.py``, ``bench/web_servers.py``, and for a browser by
+``tests/browser.py`` and ``scripts/screenshot.py``. A server runs in a process
 group of its own, so that stopping it ends its workers too, even when its master is stuck.
 """
 
@@ -35,6 +37,12 @@ COMMANDS = {
     "uvicorn": lambda port, workers: [
         *("-m", "uvicorn", "--workers", str(workers), "--host", HOST, "--port", str(port)),
         *("--lifespan", "off", "--no-access-log", "testproject.asgi:application"),
+    ],
+    # Django's development server, for a browser (tests/browser.py, scripts/screenshot.py):
+    # one process, a thread per request (``workers`` does not apply), and the admin's static
+    # files served by staticfiles' runserver even with DEBUG off (--insecure).
+    "runserver": lambda port, workers: [
+        *(str(ROOT / "manage.py"), "runserver", "--noreload", "--insecure", f"{HOST}:{port}"),
     ],
 }
 #: A path that answers any request once Django is loaded (405: the view wants a POST).
@@ -85,7 +93,8 @@ def post_many(url: str, count: int, concurrency: int) -> list[Answer]:
 
 
 class WebServer:
-    """A gunicorn or uvicorn server of the test project, with ``workers`` worker processes."""
+    """A gunicorn, uvicorn or runserver server of the test project, with ``workers`` worker
+    processes (runserver: threads)."""
 
     def __init__(self, kind: str, env: dict[str, str], workers: int = 4) -> None:
         self.kind = kind

@@ -28,6 +28,23 @@ JOBS = "tests.schedule_jobs"
 HANG = 240.0
 
 
+def schedule_env(using: str, schedule: dict, folder: Path) -> dict[str, str]:
+    """The environment of a process of the test project on ``using``'s test database with
+    ``schedule`` as ``ADVISORY_LOCK["SCHEDULE"]`` (tests/schedule_settings.py), its jobs
+    recording their runs in ``folder``: a ``run_jobs`` (``Schedulers``), or the admin's server
+    that the browser tests drive (tests/browser.py), which must see the same schedule."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.schedule_settings",
+        "ADVISORY_LOCK_TEST_WORKER": "1",
+        "ADVISORY_LOCK_TEST_DEFAULT": using,
+        "ADVISORY_LOCK_TEST_SCHEDULE": json.dumps(schedule),
+        "ADVISORY_LOCK_TEST_JOBS_DIR": str(folder),
+        "PYTHONPATH": str(ROOT),  # django-admin does not put the current folder first
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 class Schedulers:
     """Starts ``run_jobs`` processes on one database; ``kill_all`` ends them and their jobs."""
 
@@ -40,17 +57,7 @@ class Schedulers:
     ) -> subprocess.Popen:
         """``run_jobs *argv`` with ``schedule``; ``env``: more environment variables."""
         number = len(self.started)
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.schedule_settings",
-            "ADVISORY_LOCK_TEST_WORKER": "1",
-            "ADVISORY_LOCK_TEST_DEFAULT": self.using,
-            "ADVISORY_LOCK_TEST_SCHEDULE": json.dumps(schedule),
-            "ADVISORY_LOCK_TEST_JOBS_DIR": str(self.folder),
-            "PYTHONPATH": str(ROOT),  # django-admin does not put the current folder first
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
+        env = {**schedule_env(self.using, schedule, self.folder), **(env or {})}
         if server_clock is not None:
             env["ADVISORY_LOCK_TEST_SERVER_CLOCK"] = str(int(server_clock.timestamp()))
         # Files, not pipes: a job process inherits them, and may outlive a killed scheduler.

@@ -186,8 +186,16 @@ def missed_before(
         )
 
 
+def reaches_stderr() -> bool:
+    """Do the alerts' records go to standard error by themselves? They do where logging is
+    not configured for them: Python then writes a record of WARNING or above there
+    (``logging.lastResort``), and a command need not say the same line again."""
+    return not logger.hasHandlers()
+
+
 def alert_no_scheduler_alive(using: str, why: str) -> None:
-    """Alert that no scheduler is alive on ``using``; ``why`` says since when."""
+    """Alert that no scheduler is alive on ``using``; ``why`` says since when. Its message
+    is ``run_jobs``' line: "run_jobs: <why>." """
     send(
         signals.no_scheduler_alive,
         f"run_jobs: {why}.",

@@ -16,6 +16,7 @@ from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.own_connection import table_checked
 from advisory_lock.schedule import entries
 from advisory_lock.scheduling.alerts import alert_no_scheduler_alive
+from advisory_lock.scheduling.alerts import reaches_stderr
 from advisory_lock.scheduling.control import NoSchedulerAlive
 from advisory_lock.scheduling.control import command_line_user
 from advisory_lock.scheduling.control import request_run
@@ -175,7 +176,8 @@ class Command(BaseCommand):
             if not live:
                 why = no_scheduler_alive(using)
                 alert_no_scheduler_alive(using, why)
-                self.stderr.write(f"run_jobs: {why}.")
+                if not reaches_stderr():  # else the alert's record said it there
+                    self.stderr.write(f"run_jobs: {why}.")
                 sys.exit(1)
             self.stdout.write(f"run_jobs: {len(live)} scheduler(s) alive.")
             return

@@ -47,6 +47,7 @@ from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
+from advisory_lock.ledger import first_line
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
@@ -59,7 +60,6 @@ from advisory_lock.scheduling.control import latest_pauses
 from advisory_lock.scheduling.control import request_run
 from advisory_lock.scheduling.control import set_paused
 from advisory_lock.scheduling.first_seen import first_seen
-from advisory_lock.scheduling.health import first_line
 from advisory_lock.scheduling.health import health
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive

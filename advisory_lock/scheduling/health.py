@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisory_lock.ledger import JobRun
+from advisory_lock.ledger import first_line
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import SlotOutcome
@@ -75,12 +76,6 @@ class Health:
     def success_rate(self) -> float | None:
         """The share of the strip's slots that are over which succeeded (None: none over)."""
         return self.succeeded / self.over if self.over else None
-
-
-def first_line(error: str) -> str:
-    """The first non-blank line of a run's ``error``, which is what failed (a traceback
-    stored from its end starts with the line that was cut; the ledger keeps the end)."""
-    return next((line.strip() for line in error.splitlines() if line.strip()), "")
 
 
 def health(entry: Entry, using: str) -> Health:

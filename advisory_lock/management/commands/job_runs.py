@@ -15,12 +15,12 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock import signals
 from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
+from advisory_lock.ledger import first_line
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
-from advisory_lock.scheduling.health import first_line
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.pruning import prune
 from advisory_lock.scheduling.timeline import MAX_SLOTS

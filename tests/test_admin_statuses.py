@@ -51,7 +51,8 @@ BADGE = re.compile(
     r'style="background:(?P<colour>#[0-9a-f]{6});[^"]*">(?P<label>[^<]*)</span>'
 )
 TIMELINE_ROW = re.compile(
-    r'<tr id="slot-[^"]*" class="outcome-[^"]*" style="--outcome-colour:(?P<colour>#[0-9a-f]{6});[^"]*">\s*'
+    r'<tr id="slot-[^"]*" class="outcome-[^"]*" '
+    r'style="--outcome-colour:(?P<colour>#[0-9a-f]{6});[^"]*">\s*'
     r"<td>(?P<slot>[^<]*)</td>\s*<td>(?P<outcome>[^<]*)</td>"
 )
 

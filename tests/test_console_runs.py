@@ -90,7 +90,7 @@ def test_the_runs_list_shows_each_runs_attempt_duration_host_and_what_failed(
     assert 'data-status="' in shown and escape(status) in shown
     assert '<td class="field-attempt">2</td>' in shown
     ended = status not in (JobRun.Status.RUNNING, JobRun.Status.ENQUEUED)
-    assert ('<td class="field-took">2.0 s</td>' if ended else "field-took\">-<") in shown
+    assert ('<td class="field-took">2.0 s</td>' if ended else 'field-took">-<') in shown
     assert "web-1 · 4242" in shown
     # The exception's first line, escaped (not the traceback's "Traceback (most recent ...").
     assert first_line(error) == "ValueError: the <feed> timed out"
@@ -118,9 +118,7 @@ def test_a_run_without_an_error_shows_a_dash(using, ledger):
 
 
 @override_settings(TIME_ZONE="Asia/Kolkata")  # +05:30 all year
-def test_every_page_shows_times_one_way_local_to_the_second_and_names_the_zone_once(
-    using, ledger
-):
+def test_every_page_shows_times_one_way_local_to_the_second_and_names_the_zone_once(using, ledger):
     started = server_now(using) - 30 * SECOND  # with microseconds, as the server gives it
     row = run(ledger, ENTRY, minute(started), JobRun.Status.FAILED, started, error="x")
     EntrySeen.objects.using(using).create(job_name=ENTRY, first_seen=started - 60 * SECOND)

@@ -397,7 +397,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             live, dead_since = [], f"The schedulers' heartbeats could not be read: {error}"
         context.update(
             rows=rows,
-            live=live,
+            live=[{"scheduler": row, "seen": shown(row.last_seen)} for row in live],
             dead_since=dead_since,
             can_pause=request.user.has_perm("advisory_lock.pause_job"),
             max_reason=MAX_REASON_LENGTH,

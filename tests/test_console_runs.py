@@ -36,6 +36,7 @@ from tests.console import run
 from tests.schedulers import JOBS
 from tests.schedulers import minute
 from tests.schedulers import server_now
+from tests.test_locks import held_elsewhere
 
 #: A status no version of the app writes, with markup in it (shown escaped).
 UNKNOWN = "<i>later</i>"
@@ -215,3 +216,27 @@ def test_each_timeline_row_that_ran_links_to_its_run(using, ledger):
         assert f'href="{url}"' in rows[row.period]
     missed = minute(now - 2 * 60 * SECOND)
     assert "missed" in rows[missed] and 'class="run-link"' not in rows[missed]
+
+
+def test_the_locks_page_puts_how_long_and_terminate_before_the_wide_columns(using, ledger):
+    """At 1280 px beside the sidebar, the columns an operator acts on come first: held /
+    waited and the superuser's Terminate link before the session and the query, which are
+    last and cut (the table scrolls in its box, not the page)."""
+    with console(using, SCHEDULE), held_elsewhere("console:stuck", using):
+        page = client_of("root", superuser=True).get(
+            reverse("admin:advisory_lock_jobrun_locks"), {"using": using}
+        )
+        text = page.content.decode()
+    assert page.status_code == 200
+    headers = re.findall(r"<th>([^<]*)</th>", text.split('id="held-locks"', 1)[1])
+    assert headers == [
+        "Name", "State", "Held / waited", "Holder", "Process", "", "Latest run", "Session",
+        "Query",
+    ]  # fmt: skip
+    [row] = [row for row in text.split("<tr>") if "console:stuck" in row]
+    held, terminate, query = (
+        row.index(part) for part in ('class="held-for"', "Terminate holder", 'class="query"')
+    )
+    assert held < terminate < query
+    assert re.search(r'<td class="held-for">\d+ s</td>', row)
+    assert '<div class="held-locks-box">' in text

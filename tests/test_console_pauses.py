@@ -114,8 +114,10 @@ def test_a_resumed_entry_lists_no_pause_and_the_resume_keeps_its_reason(using, l
 )
 def test_a_reason_that_cant_be_kept_is_refused_and_nothing_is_paused(using, ledger, argv, error):
     with console(using, SCHEDULE):
-        with pytest.raises(CommandError, match=re.escape(error)):
+        with pytest.raises(CommandError, match=re.escape(error)) as refused:
             command("run_jobs", *argv, "--database", using)
+        # A value the column can't hold is a usage error (2), as for every text option.
+        assert refused.value.returncode == (1 if "goes with" in error else 2)
         assert not JobControl.objects.using(using).exists()
 
 

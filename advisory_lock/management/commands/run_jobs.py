@@ -17,7 +17,6 @@ from advisory_lock.own_connection import table_checked
 from advisory_lock.schedule import entries
 from advisory_lock.scheduling.control import MAX_REASON_LENGTH
 from advisory_lock.scheduling.control import NoSchedulerAlive
-from advisory_lock.scheduling.control import check_reason
 from advisory_lock.scheduling.control import command_line_user
 from advisory_lock.scheduling.control import latest_pauses
 from advisory_lock.scheduling.control import request_run
@@ -33,6 +32,7 @@ from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 from advisory_lock.validation import seconds_argument
+from advisory_lock.validation import text_option
 from advisory_lock.validation import whole_number_argument
 
 
@@ -138,10 +138,7 @@ class Command(BaseCommand):
         if options["reason"] is not None:
             if not (options["pause"] or options["resume"] or options["run_now"]):
                 raise CommandError("--reason goes with --pause, --resume or --run-now.")
-            try:
-                options["reason"] = check_reason(options["reason"])
-            except ValueError as error:
-                raise CommandError(f"--reason: {error}") from error
+            text_option("--reason", options["reason"], max_length=MAX_REASON_LENGTH)
         try:
             schedule = entries()
             heartbeat_interval()

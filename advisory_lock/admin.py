@@ -1,14 +1,18 @@
-"""The admin of the job_runs ledger: the runs (read-only), the held locks, and the schedule's
-control room (live schedulers, pause / resume, run now, each entry's slot timeline)."""
+"""The admin of the job_runs ledger: the runs (read-only), the held locks, the schedule's
+control room (live schedulers, each entry's health, pause / resume, run now, each entry's slot
+timeline), and the operators' requests (read-only).
+
+Every time is shown one way (``advisory_lock.datetimes.shown``: the current time zone, to the
+second), and each page names the zone once."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import logging
 from collections.abc import Callable
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 from typing import Concatenate
 from typing import ParamSpec
@@ -32,30 +36,38 @@ from django.template.response import SimpleTemplateResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
+from advisory_lock.datetimes import shown
+from advisory_lock.datetimes import shown_zone
 from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.inspection import find_lock_session
 from advisory_lock.inspection import held_locks
 from advisory_lock.keys import LockKey
+from advisory_lock.ledger import first_line
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduling.control import MAX_REASON_LENGTH
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import NoSchedulerAlive
+from advisory_lock.scheduling.control import check_reason
+from advisory_lock.scheduling.control import latest_pauses
 from advisory_lock.scheduling.control import request_run
 from advisory_lock.scheduling.control import set_paused
+from advisory_lock.scheduling.first_seen import first_seen
+from advisory_lock.scheduling.health import health
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.scheduler import Scheduler
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import PAUSED
+from advisory_lock.scheduling.timeline import SlotOutcome
 from advisory_lock.scheduling.timeline import parse_since
 from advisory_lock.scheduling.timeline import timeline
 from advisory_lock.validation import check_text
@@ -126,7 +138,7 @@ def ledger_checked(aliases: list[str]) -> Iterator[None]:
 
 
 P = ParamSpec("P")
-A = TypeVar("A", bound="JobRunAdmin")
+A = TypeVar("A", bound=admin.ModelAdmin)  # type: ignore[type-arg]
 
 
 def says_to_migrate(
@@ -192,25 +204,36 @@ class RecentJobFilter(admin.SimpleListFilter):
 class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """The audit trail: who ran which job in which slot. Nothing to add or edit."""
 
-    list_display = ["job_name", "period", "status_badge", "started_at", "took", "host", "pid"]
+    list_display = [
+        "job_name",
+        "period",
+        "status_badge",
+        "attempt",
+        "started",
+        "took",
+        "where",
+        "error_line",
+    ]
     list_filter = ["status", RecentJobFilter]
     search_fields = ["job_name"]
     date_hierarchy = "started_at"
     ordering = ["-started_at"]
     show_full_result_count = False  # one COUNT(*) per page, not two, on a large ledger
     list_per_page = 50
+    # What failed first, under the status: an operator reads a failed run top down.
     fields = [
         "job_name",
         "period",
         "status_badge",
+        "traceback",
         "attempt",
-        "started_at",
-        "finished_at",
+        "started",
+        "finished",
         "duration",
         "host",
         "pid",
         "lock_key",
-        "traceback",
+        "task_id",
     ]
     # Plain names: the stubs type ``fields`` as a list of field groups, which a list of names
     # is not (list is invariant).
@@ -219,6 +242,25 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
         return status_badge(run.status)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, run: JobRun) -> str:
+        return shown(run.started_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, run: JobRun) -> str:
+        return shown(run.finished_at)
+
+    @admin.display(description="host · pid", ordering="host")
+    def where(self, run: JobRun) -> str:
+        return f"{run.host or '?'} · {run.pid}" if run.pid is not None else run.host or "—"
+
+    @admin.display(description="error")
+    def error_line(self, run: JobRun) -> str:
+        """The error's first line; the whole of it in the cell's title (the page's CSS cuts
+        the cell to the table's width)."""
+        line = first_line(run.error)
+        return format_html('<span title="{}">{}</span>', line, line) if line else "—"
 
     @admin.display(description="duration", ordering="duration")
     def took(self, run: JobRun) -> str:
@@ -251,7 +293,18 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         except DatabaseError as error:
             logger.warning("The overdue jobs could not be read: %s", error)
             overdue = []
-        return super().changelist_view(request, {**(extra_context or {}), "overdue": overdue})
+        overdue_rows = [
+            {
+                "job": job,
+                "ended": shown(job.slot_ended_at),
+                "last_finished": shown(job.last_success.finished_at)
+                if job.last_success is not None
+                else "",
+            }
+            for job in overdue
+        ]
+        context = {**(extra_context or {}), "overdue": overdue_rows, "zone": shown_zone()}
+        return super().changelist_view(request, context)
 
     # Django's other views of a run read it (or, to delete it, write it): each says to run
     # migrate, as the changelist does, when the app's tables are missing.
@@ -264,7 +317,8 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        return super().changeform_view(request, object_id, form_url, extra_context)
+        context = {**(extra_context or {}), "zone": shown_zone()}
+        return super().changeform_view(request, object_id, form_url, context)
 
     @says_to_migrate
     def delete_view(
@@ -307,17 +361,34 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not self.has_view_permission(request):
             raise PermissionDenied
         context = {**self.admin_site.each_context(request), "title": "Schedule"}
+        context["zone"] = shown_zone()
         using = router.db_for_read(JobRun)
         try:
             # A missing table raises LedgerNotMigrated, which these excepts let through.
             with ledger_checked(app_aliases()):
-                rows = Scheduler(schedule_entries(), using=using).listing()
+                entries = schedule_entries()
+                rows = Scheduler(entries, using=using).listing()
                 overdue = {job.job_name: job for job in overdue_jobs(using)}
+                paused = latest_pauses(using, entries)
+                healths = {name: health(entry, using) for name, entry in entries.items()}
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/schedule.html", context)
         for row in rows:
-            row["overdue"] = overdue.get(row["name"])
+            name = row["name"]
+            row["overdue"] = overdue.get(name)
+            row["pause"] = paused.get(name) if row["paused"] else None
+            row["paused_at"] = shown(row["pause"].requested_at) if row["pause"] else ""
+            row["last_started"] = (
+                shown(datetime.datetime.fromisoformat(row["last_started"]))
+                if row["last_started"]
+                else None
+            )
+            state = healths[name]
+            row["strip"] = [_strip_cell(name, slot) for slot in state.strip]
+            row["success_rate"] = state.success_rate
+            row["succeeded"], row["over"] = state.succeeded, state.over
+            row["failing"] = state.failing
         try:
             with ledger_checked(app_aliases()):
                 live = live_schedulers(using)
@@ -326,9 +397,11 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             live, dead_since = [], f"The schedulers' heartbeats could not be read: {error}"
         context.update(
             rows=rows,
-            live=live,
+            live=[{"scheduler": row, "seen": shown(row.last_seen)} for row in live],
             dead_since=dead_since,
             can_pause=request.user.has_perm("advisory_lock.pause_job"),
+            max_reason=MAX_REASON_LENGTH,
+            can_view_controls=request.user.has_perm("advisory_lock.view_jobcontrol"),
             can_run_now=request.user.has_perm("advisory_lock.run_job_now"),
             opts=self.model._meta,
         )
@@ -363,15 +436,21 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return back
         using = router.db_for_write(JobControl)
         who = f"admin user {request.user.get_username()!r}"
+        reason = request.POST.get("reason", "")
+        try:
+            check_reason(reason)
+        except ValueError as error:
+            messages.error(request, f"Nothing was done: {error}")
+            return back
         if action == "run_now":
             try:
-                row = request_run(using, name, who)
+                row = request_run(using, name, who, reason)
             except NoSchedulerAlive as error:
                 messages.error(request, str(error))
                 return back
             done = f"Requested a run of the scheduled entry {name!r} now (slot {row.slot})."
         else:
-            changed = set_paused(using, name, action == "pause", who)
+            changed = set_paused(using, name, action == "pause", who, reason)
             state = "Paused" if action == "pause" else "Resumed"
             if changed is None:
                 messages.info(request, f"{name!r} was already {state.lower()}: nothing changed.")
@@ -403,19 +482,19 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # A missing table raises LedgerNotMigrated, which the except lets through.
             with ledger_checked(app_aliases()):
                 slots = timeline(entry, router.db_for_read(JobRun), since)
+                seen = first_seen(router.db_for_read(JobRun), [name]).get(name)
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
+        context["zone"] = shown_zone()
+        context["first_seen"] = shown(seen) if seen else ""
         context["rows"] = [
             {
-                # A slot's start is aware (UTC). The template engine shows an aware datetime
-                # in the current time zone only with USE_TZ; without, as it is: so it is put
-                # in that zone here, as the changelist shows the field (naive, TIME_ZONE's).
-                "slot": replace(slot, started=timezone.localtime(slot.started))
-                if slot.started
-                else slot,
+                "slot": slot,
+                "started": shown(slot.started),
                 "colour": OUTCOME_COLOURS.get(slot.outcome, UNKNOWN_COLOUR),
                 "weight": "bold" if slot.outcome in BOLD_OUTCOMES else "normal",
+                "run_url": _run_url(slot.run_id),
             }
             for slot in slots
         ]
@@ -430,7 +509,11 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not self.has_view_permission(request):
             raise PermissionDenied
         using = self._alias(request)
-        context = {**self.admin_site.each_context(request), "title": "Advisory locks"}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Advisory locks",
+            "zone": shown_zone(),
+        }
         try:
             locks = held_locks(using)
         except DatabaseError as error:
@@ -452,6 +535,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "lock": lock,
                     "run": runs.get(lock.db_key),
                     "seconds": lock.held_for if lock.granted else lock.waited_for,
+                    "connected": shown(lock.backend_start) if lock.backend_start else "",
                 }
                 for lock in locks
             ],
@@ -504,6 +588,58 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return using
 
 
+@admin.register(JobControl)
+class JobControlAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Every pause, resume and run-now request, from the command line or the admin, with who
+    asked, when and why: read-only (the rows are the entries' history)."""
+
+    list_display = ["requested", "job_name", "action", "requested_by", "reason", "slot"]
+    list_filter = ["action"]
+    search_fields = ["job_name", "requested_by", "reason"]
+    ordering = ["-requested_at", "-pk"]
+    show_full_result_count = False
+    list_per_page = 50
+    fields = ["job_name", "action", "requested", "requested_by", "reason", "slot"]
+    readonly_fields = fields  # type: ignore[assignment]
+
+    @admin.display(description="requested", ordering="requested_at")
+    def requested(self, control: JobControl) -> str:
+        return shown(control.requested_at)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @says_to_migrate
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        _ignore_unusable_filters(request)
+        return super().changelist_view(request, {**(extra_context or {}), "zone": shown_zone()})
+
+    @says_to_migrate
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "zone": shown_zone()}
+        return super().changeform_view(request, object_id, form_url, context)
+
+    @says_to_migrate
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().history_view(request, object_id, extra_context)
+
+
 def _ignore_unusable_filters(request: HttpRequest) -> None:
     """Drop the changelist's query parameters whose value no job run can hold, saying so.
 
@@ -525,6 +661,37 @@ def _ignore_unusable_filters(request: HttpRequest) -> None:
         del kept[name]
         messages.warning(request, f"The filter {name}= was ignored: {reason}")
     request.GET = QueryDict(kept.urlencode())  # immutable, as Django makes it
+
+
+def _run_url(run_id: int | None) -> str:
+    """The page of a run ("" for no run)."""
+    if run_id is None:
+        return ""
+    return reverse("admin:advisory_lock_jobrun_change", args=[run_id])
+
+
+def slot_anchor(slot: str) -> str:
+    """The HTML id of a slot's row on the timeline page (a slot name has no space)."""
+    return f"slot-{slot}"
+
+
+def _strip_cell(name: str, slot: SlotOutcome) -> dict[str, str]:
+    """A cell of an entry's health strip: its colour, what it says on hover, and where it
+    links: the slot's latest run, or (no run) the slot's row on the entry's timeline."""
+    url = _run_url(slot.run_id)
+    if not url:
+        query = QueryDict(mutable=True)
+        query.update({"entry": name, "since": slot.due.isoformat()})
+        url = (
+            f"{reverse('admin:advisory_lock_jobrun_timeline')}?{query.urlencode()}"
+            f"#{slot_anchor(slot.slot)}"
+        )
+    return {
+        "url": url,
+        "colour": OUTCOME_COLOURS.get(slot.outcome, UNKNOWN_COLOUR),
+        "outcome": slot.outcome,
+        "title": f"{slot.slot}: {slot.outcome}",
+    }
 
 
 def _lock_aliases() -> list[str]:

@@ -39,3 +39,17 @@ def from_field(value: datetime.datetime) -> datetime.datetime:
     if timezone.is_naive(value):
         value = timezone.make_aware(value, timezone.get_default_timezone())
     return value.astimezone(UTC)
+
+
+def shown(value: datetime.datetime | None) -> str:
+    """How the admin shows every time: in the current time zone (``TIME_ZONE``, or the one
+    activated), to the second, without the zone (each page names it once: ``shown_zone``).
+    ``value`` is a field's (naive without ``USE_TZ``) or an aware datetime; None is "—"."""
+    if value is None:
+        return "—"
+    return f"{timezone.localtime(from_field(value)):%Y-%m-%d %H:%M:%S}"
+
+
+def shown_zone() -> str:
+    """The time zone of the times that ``shown`` gives."""
+    return timezone.get_current_timezone_name()

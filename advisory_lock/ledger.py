@@ -716,6 +716,17 @@ def format_error(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
+def first_line(error: str) -> str:
+    """What failed, in one line: of a traceback (what the ledger keeps of a failed run, its
+    end), the first line of the exception, which ``traceback.format_exception`` writes after
+    the last frame (the frames' lines are indented, the exception's are not); of any other
+    error (a queue's word on a task), its first line. "" for no error."""
+    lines = [line for line in error.splitlines() if line.strip()]
+    frames = [number for number, line in enumerate(lines) if line[:1].isspace()]
+    after = lines[frames[-1] + 1 :] if frames else lines
+    return (after or lines or [""])[0].strip()
+
+
 def end_enqueued(
     using: str,
     run: JobRun,

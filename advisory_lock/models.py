@@ -3,20 +3,23 @@
 Each is defined in the module of its concept, with the operations on its rows: ``JobRun``
 (the ``job_runs`` ledger) in ``advisory_lock.ledger``, ``JobControl`` (operators' pause,
 resume and run-now requests, ``job_controls``) in ``advisory_lock.scheduling.control``,
-``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.scheduling.liveness``, and
+``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.scheduling.liveness``,
 ``PendingTask`` (``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``,
-and ``LockFence`` (``lock_fences``, the fencing tokens of ``advisory_lock(fencing=True)``) in
-``advisory_lock.fencing``.
+``LockFence`` (``lock_fences``, the fencing tokens of ``advisory_lock(fencing=True)``) in
+``advisory_lock.fencing``, and ``EntrySeen`` (``job_entries_seen``, when a scheduler first
+loaded each scheduled entry) in ``advisory_lock.scheduling.first_seen``.
 """
 
 from advisory_lock.fencing import LockFence
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import JobRunQuerySet
 from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from advisory_lock.tasks import PendingTask
 
 __all__ = [
+    "EntrySeen",
     "JobControl",
     "JobRun",
     "JobRunQuerySet",

@@ -37,6 +37,8 @@ CATCH_UP = ("latest", "all", "none")
 MAX_RETRIES = 2**31 - 2
 #: At most this many missed slots are run by one scheduler pass with ``catch_up="all"``.
 MAX_CATCH_UP = 100
+#: The most slots ``alert_after`` can ask to look at (each a ledger row read per report).
+MAX_ALERT_AFTER = 1000
 UTC = datetime.timezone.utc
 #: Cron's aliases (cron(8), as Vixie cron and cronie read them: lower case only), and the five
 #: fields each stands for. cronsim reads five fields only: an alias is translated first.
@@ -71,6 +73,9 @@ class Entry:
     grace: float | None = None
     #: The job runs in a transaction on the ledger's database that commits its success.
     atomic: bool = False
+    #: The entry is flagged as failing (the Schedule page, ``job_runs --overdue``) when its
+    #: last ``alert_after`` slots that ran all failed.
+    alert_after: int = 3
 
     @property
     def interval(self) -> float:
@@ -284,6 +289,16 @@ def entry_problems(name: object, options: object) -> list[str]:
         problems.append(
             f"{where}['retries'] must be a whole number >= 0 and at most {MAX_RETRIES} (the "
             f"ledger counts attempts in a 32-bit column), not {retries!r}."
+        )
+    alert_after = options.get("alert_after", 3)
+    if (
+        isinstance(alert_after, bool)
+        or not isinstance(alert_after, int)
+        or not 1 <= alert_after <= MAX_ALERT_AFTER
+    ):
+        problems.append(
+            f"{where}['alert_after'] must be a whole number >= 1 and at most {MAX_ALERT_AFTER} "
+            f"(the slots that must all have failed to flag the entry), not {alert_after!r}."
         )
     for seconds in ("timeout", "grace"):
         if options.get(seconds) is not None:

@@ -43,13 +43,16 @@ def using(request, django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def ledger(using):
-    """The JobRun rows of ``using``, emptied after the test (test files that need other rows
-    define a ``ledger`` of their own)."""
+    """The JobRun rows of ``using``, emptied after the test, with the entries' first-seen
+    times that schedulers wrote (test files that need other rows define a ``ledger`` of
+    their own)."""
     from advisory_lock import JobRun
+    from advisory_lock.scheduling.first_seen import EntrySeen
 
     rows = JobRun.objects.using(using)
     yield rows
     rows.all().delete()
+    EntrySeen.objects.using(using).all().delete()
 
 
 @pytest.fixture

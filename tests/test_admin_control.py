@@ -22,6 +22,7 @@ from django.urls import reverse
 from advisory_lock.models import JobRun
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
+from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.schedulers import JOBS
 from tests.schedulers import Schedulers
@@ -165,7 +166,8 @@ def test_the_timeline_page_shows_each_slot_with_its_outcome():
     now = datetime.datetime.now(UTC).replace(second=0, microsecond=0)
     minute = datetime.timedelta(minutes=1)
     ran = now - 3 * minute
-    JobRun.objects.create(
+    EntrySeen.objects.create(job_name="poll", first_seen=now - 6 * minute)
+    failed = JobRun.objects.create(
         job_name="poll", period=f"{ran:%Y-%m-%dT%H:%M}", status="failed", started_at=ran,
         duration=datetime.timedelta(seconds=2), host="web-9",
     )  # fmt: skip
@@ -175,6 +177,8 @@ def test_the_timeline_page_shows_each_slot_with_its_outcome():
         page = viewer.get(reverse(TIMELINE), {"entry": "poll", "since": since}).content.decode()
         assert f"<td>{ran:%Y-%m-%dT%H:%M}</td>\n        <td>failed</td>" in page
         assert "<td>web-9</td>" in page and "missed: " in page
+        run_page = reverse("admin:advisory_lock_jobrun_change", args=[failed.pk])
+        assert f'<a class="run-link" href="{run_page}">run {failed.pk}</a>' in page
         schedule = viewer.get(reverse(SCHEDULE)).content.decode()
         assert f"{reverse(TIMELINE)}?entry=poll" in schedule
         bad = viewer.get(reverse(TIMELINE), {"entry": "poll", "since": "yesterday"})

@@ -27,6 +27,7 @@ from advisory_lock.backends import inspector_for
 from advisory_lock.models import JobRun
 from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import PAUSED
 from tests.databases import AppOn
@@ -50,7 +51,8 @@ BADGE = re.compile(
     r'style="background:(?P<colour>#[0-9a-f]{6});[^"]*">(?P<label>[^<]*)</span>'
 )
 TIMELINE_ROW = re.compile(
-    r'<tr class="outcome-[^"]*" style="--outcome-colour:(?P<colour>#[0-9a-f]{6});[^"]*">\s*'
+    r'<tr id="slot-[^"]*" class="outcome-[^"]*" '
+    r'style="--outcome-colour:(?P<colour>#[0-9a-f]{6});[^"]*">\s*'
     r"<td>(?P<slot>[^<]*)</td>\s*<td>(?P<outcome>[^<]*)</td>"
 )
 
@@ -70,6 +72,7 @@ def viewer(using):
     finally:
         user.delete()
         JobControl.objects.using(using).filter(job_name=ENTRY).delete()
+        EntrySeen.objects.using(using).filter(job_name=ENTRY).delete()
 
 
 def stored(ledger, status, period="2026-11-29", started_at=NOW):
@@ -138,6 +141,8 @@ def test_every_outcome_has_its_colour_on_the_timeline(using, ledger, viewer):
         if outcome not in (PAUSED, MISSED):
             stored(ledger, outcome, period=entry.slot_name(moment), started_at=moment)
     second = datetime.timedelta(seconds=1)
+    # A slot with no run is missed once a scheduler has loaded the entry, not before.
+    EntrySeen.objects.using(using).create(job_name=ENTRY, first_seen=min(slots.values()) - second)
     for action, at in (("pause", slots[PAUSED] - second), ("resume", slots[PAUSED] + second)):
         JobControl.objects.using(using).create(job_name=ENTRY, action=action, requested_at=at)
     since = min(slots.values()) - second

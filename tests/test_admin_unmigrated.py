@@ -41,6 +41,10 @@ PAGES = {
     "timeline": ("get", "admin:advisory_lock_jobrun_timeline", {"entry": ENTRY}),
     "pause": ("post", CONTROL, {"entry": ENTRY, "action": "pause"}),
     "run now": ("post", CONTROL, {"entry": ENTRY, "action": "run_now"}),
+    "pause with a reason": ("post", CONTROL, {"entry": ENTRY, "action": "pause", "reason": "db"}),
+    "requests list": ("get", "/admin/advisory_lock/jobcontrol/", {}),
+    "requests list, searched": ("get", "/admin/advisory_lock/jobcontrol/", {"q": "alice"}),
+    "request page": ("get", "/admin/advisory_lock/jobcontrol/1/change/", {}),
 }  # fmt: skip
 #: How far the app's migrations went on the new database, and whether each request runs in a
 #: transaction there (ATOMIC_REQUESTS: PostgreSQL then refuses every statement after the
@@ -50,6 +54,12 @@ STATES = {
     "never migrated, ATOMIC_REQUESTS": (None, True),
     "migrated up to 0004 (no control room)": ("0004", False),
 }
+#: The pages that read or write what migration 0008 adds (the entries' first-seen times, the
+#: requests' reasons); the others work on a database migrated up to 0007.
+NEEDS_0008 = [
+    "schedule", "timeline", "pause", "pause with a reason", "requests list",
+    "requests list, searched", "request page",
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -114,3 +124,15 @@ def test_every_admin_page_before_migrate_says_to_run_it(using, unmigrated, super
     answers["locks"] = (locks.status_code, escape(MIGRATE) in text and 'id="held-locks"' in text)
     assert answers == {**dict.fromkeys(PAGES, (503, True)), "locks": (200, True)}
     assert app_tables() == tables_before  # the admin made no table
+
+
+def test_the_pages_that_need_the_latest_migration_say_to_run_it(using, unmigrated, superuser):
+    unmigrated("0007", False)
+    answers = {}
+    for page, (method, where, data) in PAGES.items():
+        url = where if where.startswith("/") else reverse(where)
+        response = getattr(superuser, method)(url, data)
+        answers[page] = (response.status_code, escape(MIGRATE) in response.content.decode())
+    expected = {page: (503, True) for page in NEEDS_0008}
+    assert {page: answers[page] for page in NEEDS_0008} == expected
+    assert answers["runs list"] == (200, False)

@@ -37,6 +37,7 @@ from django.test import override_settings
 from advisory_lock import JobRun
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import manual_slot
+from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from advisory_lock.scheduling.liveness import live_within
 from tests.schedule_jobs import runs
@@ -54,7 +55,7 @@ Action = JobControl.Action
 #: The hang guard of every wait: only a hang takes this long.
 HANG = 60
 SECOND = datetime.timedelta(seconds=1)
-TIMELINE_KEYS = {"slot", "outcome", "attempts", "started", "duration", "host"}
+TIMELINE_KEYS = {"slot", "run_id", "outcome", "attempts", "started", "duration", "host"}
 
 
 @pytest.fixture
@@ -330,7 +331,7 @@ def test_run_now_runs_the_entry_once_in_a_slot_of_its_own_with_three_schedulers_
     slots = {slot["slot"]: slot for slot in json.loads(out)}
     assert (slots[request.slot]["outcome"], slots[request.slot]["attempts"]) == ("succeeded", 1)
     assert slots[scheduled.period]["outcome"] == "succeeded"
-    assert list(slots).index(scheduled.period) < list(slots).index(request.slot)
+    assert list(slots).index(request.slot) < list(slots).index(scheduled.period)  # newest first
     assert all(process.poll() is None for process in fleet)
 
 
@@ -388,6 +389,9 @@ def test_the_timeline_gives_each_slot_its_outcome_attempts_start_duration_and_ho
         1, Status.SUCCEEDED, period=manual_slot(slot(1) + 30 * SECOND), host="web-9", seconds=2
     )
     running = attempt(0, Status.RUNNING, host="web-3")
+    # A scheduler first loaded the entry 6 minutes ago: its slots since then that did not
+    # run are missed (or paused).
+    EntrySeen.objects.using(using).create(job_name="minutely", first_seen=slot(6))
     status, out, _ = command(
         "job_runs", "--timeline", "minutely", "--since", naive(slot(5) - 30 * SECOND),
         "--json", "--database", using, schedule=schedule,
@@ -396,28 +400,29 @@ def test_the_timeline_gives_each_slot_its_outcome_attempts_start_duration_and_ho
     rows = json.loads(out)
     assert all(set(row) == TIMELINE_KEYS for row in rows), rows
     if len(rows) == 8:  # the next minute fell due meanwhile: no run yet
-        assert rows.pop()["outcome"] == "missed"
+        assert rows.pop(0)["outcome"] == "missed"
 
     def started(run):
         return run.started_at.isoformat()
 
+    first = ledger.get(period=minute(slot(5)))
+    failed = ledger.get(period=minute(slot(1)))
+    # Newest first.
     assert rows == [
-        {"slot": minute(slot(5)), "outcome": "succeeded", "attempts": 1,
-         "started": started(ledger.get(period=minute(slot(5)))), "duration": 1.5,
-         "host": "web-1"},
-        {"slot": minute(slot(4)), "outcome": "succeeded", "attempts": 2,
-         "started": started(retried), "duration": 3.0, "host": "web-2"},
-        {"slot": minute(slot(3)), "outcome": "missed", "attempts": 0, "started": None,
-         "duration": None, "host": ""},
-        {"slot": minute(slot(2)), "outcome": "paused", "attempts": 0, "started": None,
-         "duration": None, "host": ""},
-        {"slot": minute(slot(1)), "outcome": "failed", "attempts": 1,
-         "started": started(ledger.get(period=minute(slot(1)))), "duration": 1.5,
-         "host": "web-1"},
-        {"slot": manual.period, "outcome": "succeeded", "attempts": 1,
-         "started": started(manual), "duration": 2.0, "host": "web-9"},
-        {"slot": minute(slot(0)), "outcome": "running", "attempts": 1,
+        {"slot": minute(slot(0)), "run_id": running.pk, "outcome": "running", "attempts": 1,
          "started": started(running), "duration": None, "host": "web-3"},
+        {"slot": manual.period, "run_id": manual.pk, "outcome": "succeeded", "attempts": 1,
+         "started": started(manual), "duration": 2.0, "host": "web-9"},
+        {"slot": minute(slot(1)), "run_id": failed.pk, "outcome": "failed", "attempts": 1,
+         "started": started(failed), "duration": 1.5, "host": "web-1"},
+        {"slot": minute(slot(2)), "run_id": None, "outcome": "paused", "attempts": 0,
+         "started": None, "duration": None, "host": ""},
+        {"slot": minute(slot(3)), "run_id": None, "outcome": "missed", "attempts": 0,
+         "started": None, "duration": None, "host": ""},
+        {"slot": minute(slot(4)), "run_id": retried.pk, "outcome": "succeeded", "attempts": 2,
+         "started": started(retried), "duration": 3.0, "host": "web-2"},
+        {"slot": minute(slot(5)), "run_id": first.pk, "outcome": "succeeded", "attempts": 1,
+         "started": started(first), "duration": 1.5, "host": "web-1"},
     ]  # fmt: skip
     assert all(type(row["attempts"]) is int for row in rows)
     assert all(datetime.datetime.fromisoformat(row["started"]) for row in rows if row["started"])
@@ -439,13 +444,14 @@ def test_since_without_an_offset_is_in_the_ledgers_time_zone_and_a_bad_one_is_re
     kolkata = datetime.timezone(datetime.timedelta(hours=5, minutes=30))  # no DST
     start = server_now(using).replace(second=0, microsecond=0) - datetime.timedelta(minutes=2)
     expected = f"{start.astimezone(kolkata):%Y-%m-%dT%H:%M}"  # slot names: the ledger's zone
+    EntrySeen.objects.using(using).create(job_name="minutely", first_seen=start - 60 * SECOND)
     for since in (naive(start, kolkata), naive(start, kolkata) + "+05:30", naive(start) + "Z"):
         status, out, _ = command(
             "job_runs", "--timeline", "minutely", "--since", since, "--json",
             "--database", using, schedule=schedule, LEDGER_TIME_ZONE="Asia/Kolkata",
         )  # fmt: skip
         slots = [row["slot"] for row in json.loads(out)]
-        assert status == 0 and slots[0] == expected and len(slots) in (3, 4), (since, slots)
+        assert status == 0 and slots[-1] == expected and len(slots) in (3, 4), (since, slots)
     with pytest.raises(CommandError, match="--since: 'last tuesday' is not an ISO 8601 date"):
         command(
             "job_runs", "--timeline", "minutely", "--since", "last tuesday",

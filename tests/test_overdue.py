@@ -316,6 +316,7 @@ def test_report_lists_only_overdue_declared_jobs_with_their_missing_slot(ledger,
             "missing_slot": "2026-W48",
             "slot_ended_at": "2026-11-30T00:00:00+00:00",
             "reason": None,  # not a scheduled entry: no scheduler to blame
+            "failing": False,
             "last_success": {
                 "slot": "2026-W47",
                 "finished_at": "2026-01-01T00:00:00+00:00",

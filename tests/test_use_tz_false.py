@@ -30,8 +30,8 @@ from types import SimpleNamespace
 import pytest
 from django.conf import settings
 from django.db import connections
-from django.utils import formats
 
+from advisory_lock.models import EntrySeen
 from advisory_lock.models import JobControl
 from advisory_lock.models import JobRun
 from advisory_lock.models import SchedulerHeartbeat
@@ -60,7 +60,7 @@ LEDGER_CHILD = "tests.ledger_child"
 def cleanup(using):
     """Empties, after the test, the tables that its processes write to on ``using``."""
     yield
-    for model in (JobRun, JobControl, SchedulerHeartbeat, Counter, PendingTask):
+    for model in (JobRun, JobControl, SchedulerHeartbeat, Counter, PendingTask, EntrySeen):
         model.objects.using(using).all().delete()
 
 
@@ -100,12 +100,14 @@ def wall(moment: datetime.datetime) -> datetime.datetime:
     return moment.astimezone(STORED_ZONE).replace(tzinfo=None)
 
 
-def stored(using: str, table: str, columns: str, pk: int) -> tuple[datetime.datetime, ...]:
-    """The datetime ``columns`` of a row as the database holds them, as naive wall times in
-    TIME_ZONE: SQLite returns text, MySQL a naive datetime, PostgreSQL (timestamptz) an
-    instant, shown here in TIME_ZONE."""
+def stored(
+    using: str, table: str, columns: str, pk: object, key: str = "id"
+) -> tuple[datetime.datetime, ...]:
+    """The datetime ``columns`` of a row (``key`` = ``pk``) as the database holds them, as
+    naive wall times in TIME_ZONE: SQLite returns text, MySQL a naive datetime, PostgreSQL
+    (timestamptz) an instant, shown here in TIME_ZONE."""
     with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM {table} WHERE id = %s", [pk])
+        cursor.execute(f"SELECT {columns} FROM {table} WHERE {key} = %s", [pk])
         row = cursor.fetchone()
     values = []
     for value in row:
@@ -210,6 +212,9 @@ def test_run_jobs_once_and_the_job_runs_reports(using, cleanup, tmp_path):
     [run] = JobRun.objects.using(using).filter(job_name="tick")
     assert run.period == slot
     assert_recorded_between(using, run, before, after)
+    # The scheduler noted when it first loaded the entry: TIME_ZONE's wall time too.
+    (first_seen,) = stored(using, "job_entries_seen", "first_seen", "tick", key="job_name")
+    assert wall(before) <= first_seen <= wall(after)
     # The slot is done: a second --once finds it so and runs nothing.
     ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
     assert JobRun.objects.using(using).filter(job_name="tick").count() == 1
@@ -489,9 +494,8 @@ print(json.dumps({"status": page.status_code, "html": page.content.decode()}))
 
 
 def test_the_admin_timeline_shows_the_start_in_time_zone(using, cleanup, tmp_path):
-    """With USE_TZ = False Django shows every datetime as it is, without converting it to
-    TIME_ZONE: the timeline's start of a run is its wall time in TIME_ZONE, as the job runs'
-    list shows the field, not UTC's."""
+    """With USE_TZ = False the fields hold wall times in TIME_ZONE: the timeline's start of a
+    run is its wall time in TIME_ZONE, as the job runs' list shows the field, not UTC's."""
     schedule = {"tick": {"callable": f"{JOBS}.tick", "every": settled_every(using)}}
     ok(manage(using, tmp_path, "run_jobs", "--once", schedule=schedule))
     [run] = JobRun.objects.using(using).filter(job_name="tick")
@@ -507,7 +511,6 @@ def test_the_admin_timeline_shows_the_start_in_time_zone(using, cleanup, tmp_pat
     answer = json.loads(ok(page))
     assert answer["status"] == 200, answer["html"]
     utc = started.replace(tzinfo=STORED_ZONE).astimezone(UTC).replace(tzinfo=None)
-    local_text, utc_text = (
-        formats.date_format(moment, "DATETIME_FORMAT") for moment in (started, utc)
-    )
+    # The admin's one format: the wall time to the second (the page names the zone once).
+    local_text, utc_text = (f"{moment:%Y-%m-%d %H:%M:%S}" for moment in (started, utc))
     assert local_text in answer["html"] and utc_text not in answer["html"], (local_text, utc_text)

@@ -43,11 +43,14 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import notify
+from advisory_lock.validation import check_text
 
 #: A run-now slot's name starts with this.
 MANUAL = "manual:"
 #: A run-now request older than this is not run any more (its requester has long given up).
 REQUEST_EXPIRES = datetime.timedelta(hours=1)
+#: The longest reason an operator can give for a request (``JobControl.reason``).
+MAX_REASON_LENGTH = 500
 
 
 class NoSchedulerAlive(AdvisoryLockError):
@@ -68,6 +71,9 @@ class JobControl(models.Model):
     requested_by = models.CharField(max_length=255, blank=True)
     slot = models.CharField(
         max_length=64, blank=True, help_text="Run now: the ledger slot of the run."
+    )
+    reason = models.CharField(
+        max_length=MAX_REASON_LENGTH, blank=True, help_text="Why, in the operator's words."
     )
 
     class Meta:
@@ -133,8 +139,33 @@ def paused_entries(using: str, job_names: Iterable[str]) -> set[str]:
     return {name for name in job_names if is_paused(using, name)}
 
 
-def set_paused(using: str, job_name: str, paused: bool, requested_by: str) -> JobControl | None:
+def check_reason(reason: str) -> str:
+    """``reason`` as a request stores it (stripped); ``ValueError`` if the column can't hold
+    it (longer than ``MAX_REASON_LENGTH``, or a NUL, which PostgreSQL refuses in text)."""
+    check_text("the reason", reason, max_length=MAX_REASON_LENGTH)
+    return reason.strip()
+
+
+def latest_pauses(using: str, job_names: Iterable[str]) -> dict[str, JobControl]:
+    """The pause row of each of ``job_names`` that is paused now (who, when and why), in one
+    statement: the latest pause or resume of each job (a subquery per job), kept if a pause."""
+    latest = (
+        JobControl.objects.using(using)
+        .filter(job_name=OuterRef("job_name"), action__in=_PAUSE_OR_RESUME)
+        .order_by("-requested_at", "-pk")
+        .values("pk")[:1]
+    )
+    rows = JobControl.objects.using(using).filter(
+        job_name__in=list(job_names), action=Action.PAUSE, pk=Subquery(latest)
+    )
+    return {row.job_name: row for row in rows}
+
+
+def set_paused(
+    using: str, job_name: str, paused: bool, requested_by: str, reason: str = ""
+) -> JobControl | None:
     """Pause or resume ``job_name``; return the new row, or None if it already was so."""
+    reason = check_reason(reason)
     if is_paused(using, job_name) == paused:
         return None
     with transaction.atomic(using=using):
@@ -143,6 +174,7 @@ def set_paused(using: str, job_name: str, paused: bool, requested_by: str) -> Jo
             action=Action.PAUSE if paused else Action.RESUME,
             requested_at=to_field(_now(using)),
             requested_by=requested_by,
+            reason=reason,
         )
         notify(using, CONTROL, job_name)  # heard when the row is committed
     return switch
@@ -216,9 +248,10 @@ def manual_slot(moment: datetime.datetime) -> str:
     return MANUAL + local.isoformat()
 
 
-def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
+def request_run(using: str, job_name: str, requested_by: str, reason: str = "") -> JobControl:
     """Ask the live schedulers to run ``job_name`` once now, in a slot of its own; raise
     ``NoSchedulerAlive`` (and record nothing) if none is alive."""
+    reason = check_reason(reason)
     if not live_schedulers(using):
         raise NoSchedulerAlive(
             f"{no_scheduler_alive(using)}: nobody would run {job_name!r}, so it was not "
@@ -232,6 +265,7 @@ def request_run(using: str, job_name: str, requested_by: str) -> JobControl:
             requested_at=to_field(now),
             requested_by=requested_by,
             slot=manual_slot(now),
+            reason=reason,
         )
         notify(using, CONTROL, job_name)  # heard when the row is committed
     return request

@@ -3,7 +3,9 @@ say what should have. A job is overdue when the latest slot that ended more than
 seconds ago, by the database server's clock in the ledger's time zone, has no ``succeeded``
 run. A ``once`` job's slot never ends: it is never overdue. A scheduled entry with a ``grace``
 (``ADVISORY_LOCK["SCHEDULE"]``) is declared too: its latest slot that fell due more than
-``grace`` ago must have succeeded.
+``grace`` ago must have succeeded. A scheduled entry whose last ``alert_after`` slots that
+ran all failed (``advisory_lock.scheduling.health``) is reported too, with that reason, grace
+or not: its ``missing_slot`` is the latest failed one.
 
 The report reads, of each declared job, the successes of the slot it checks (and, as time
 goes on, of the later ones: ``Expectation.checked_since``) and the job's latest success
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections
@@ -25,7 +28,9 @@ from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
+from advisory_lock.schedule import usable_entries
 from advisory_lock.scheduling.control import fell_due_while_paused
+from advisory_lock.scheduling.health import failing
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.validation import check_alias
@@ -40,8 +45,11 @@ class OverdueJob:
     missing_slot: str
     slot_ended_at: datetime.datetime
     last_success: Any  # the job's latest succeeded JobRun, or None
-    #: Why it is late, when the report knows: a scheduled entry with no scheduler alive.
+    #: Why it is late, when the report knows: a scheduled entry with no scheduler alive, or
+    #: one whose last slots all failed.
     reason: str = ""
+    #: A scheduled entry whose last ``alert_after`` slots that ran all failed.
+    failing: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         last = self.last_success
@@ -51,6 +59,7 @@ class OverdueJob:
             "missing_slot": self.missing_slot,
             "slot_ended_at": self.slot_ended_at.isoformat(),
             "reason": self.reason or None,
+            "failing": self.failing,
             "last_success": None
             if last is None
             else {
@@ -64,9 +73,10 @@ class OverdueJob:
 
 
 def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
-    """The declared jobs that are overdue now, by the ledger on ``using``'s clock. A
-    scheduled entry's slot that fell due while the entry was paused is not overdue; a late
-    one's ``reason`` says when no scheduler is alive."""
+    """The declared jobs that are overdue now, by the ledger on ``using``'s clock, and the
+    scheduled entries that are failing, by job name. A scheduled entry's slot that fell due
+    while the entry was paused is not overdue; a late one's ``reason`` says when no
+    scheduler is alive, a failing one's which slots failed and the latest error."""
     using = check_alias(using)
     now = inspector_for(connections[using]).database_now()
     runs = JobRun.objects.using(using)
@@ -87,7 +97,30 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
                 reason = no_scheduler_alive(using)
         last = last_success(runs, job.job_name)
         overdue.append(OverdueJob(job.job_name, job.period, missing, ended_at, last, reason))
-    return overdue
+    late = {job.job_name: number for number, job in enumerate(overdue)}
+    for name, entry in sorted(usable_entries().items()):
+        failed = failing(entry, using)
+        if failed is None:
+            continue
+        if name in late:  # late and failing: one line, both reasons
+            known = overdue[late[name]]
+            reason = "; ".join(filter(None, [known.reason, failed.reason]))
+            overdue[late[name]] = replace(known, reason=reason, failing=True)
+            continue
+        schedule = entry.cron or f"every {entry.every:g}s"
+        latest = failed.latest
+        overdue.append(
+            OverdueJob(
+                name,
+                schedule,
+                latest.period,
+                from_field(latest.started_at),
+                last_success(runs, name),
+                failed.reason,
+                failing=True,
+            )
+        )
+    return sorted(overdue, key=lambda job: job.job_name)
 
 
 def last_success(runs: QuerySet[Any], job_name: str) -> Any:

@@ -81,6 +81,7 @@ from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.control import pauses_of
 from advisory_lock.scheduling.control import pending_requests
+from advisory_lock.scheduling.first_seen import FirstSeen
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import Heartbeat
 from advisory_lock.scheduling.liveness import heartbeat_interval
@@ -249,6 +250,7 @@ class Scheduler:
         # Entries whose last run failed before it started: no run until their backoff ends.
         self._held_back: dict[str, _Backoff] = {}
         self.heartbeat = Heartbeat(using)
+        self.first_seen = FirstSeen(using)  # when each entry was first loaded by a scheduler
         self.heartbeat_interval = heartbeat_interval()  # read once: ValueError if bad
         self.task_ends = TaskEnds(using)
         # Notifications (PostgreSQL): operators' requests, heard at once.
@@ -279,6 +281,7 @@ class Scheduler:
                 try:
                     self.reap()
                     self.beat_if_due()
+                    self.first_seen.note(self.entries, self.now)  # a statement at start only
                     if self._poll_now or self._polls_now(polled_at):
                         self._poll_now = False
                         self.start_requested()
@@ -316,6 +319,7 @@ class Scheduler:
         queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late).
         A slot whose entry another scheduler has claimed is left to it."""
         self.follow_tasks()
+        self.first_seen.note(self.entries, self.now)
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
         # No more workers than entries with something due (none at all: no fork).
         self.pool.size = min(self.pool.size, sum(1 for slots in pending.values() if slots))

@@ -3,7 +3,9 @@
 Derived from the schedule and the ledger's rows; nothing is written for a slot that never ran.
 A slot's outcome is its latest attempt's status (``succeeded``, ``failed``, ``running``,
 ``abandoned``); a slot with no attempt is ``paused`` if it fell due while the entry was paused
-(``advisory_lock.scheduling.control``), else ``missed``. Run-now slots (``manual:...``) of the
+(``advisory_lock.scheduling.control``), else ``missed``. A slot with no attempt that fell due
+before a scheduler first loaded the entry (``advisory_lock.scheduling.first_seen``), or while
+none has yet, is not listed: nobody was meant to run it. Run-now slots (``manual:...``) of the
 span are listed too, at the time they were requested.
 """
 
@@ -25,6 +27,7 @@ from advisory_lock.periods import ledger_time_zone
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import MANUAL
 from advisory_lock.scheduling.control import pauses
+from advisory_lock.scheduling.first_seen import first_seen
 
 #: At most this many slots (the latest ones).
 MAX_SLOTS = 1000
@@ -46,10 +49,13 @@ class SlotOutcome:
     started: datetime.datetime | None
     duration: float | None
     host: str
+    #: The latest attempt's primary key in the ledger (None: no attempt).
+    run_id: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "slot": self.slot,
+            "run_id": self.run_id,
             "outcome": self.outcome,
             "attempts": self.attempts,
             "started": self.started.isoformat() if self.started else None,
@@ -72,15 +78,20 @@ def parse_since(text: str) -> datetime.datetime:
 
 
 def timeline(
-    entry: Entry, using: str, since: datetime.datetime | None = None
+    entry: Entry,
+    using: str,
+    since: datetime.datetime | None = None,
+    *,
+    last: int = MAX_SLOTS,
 ) -> list[SlotOutcome]:
     """Every slot of ``entry`` from ``since`` (default: 7 days ago) to now, by the database
-    server's clock, oldest first: at most ``MAX_SLOTS``, the latest ones."""
+    server's clock, oldest first: at most ``last`` (up to ``MAX_SLOTS``), the latest ones."""
     now = inspector_for(connections[using]).database_now()
     since = now - DEFAULT_SPAN if since is None else since
+    last = min(last, MAX_SLOTS)
     due: dict[str, datetime.datetime] = {}
     for moment in entry.slots_before(now):
-        if moment < since or len(due) == MAX_SLOTS:
+        if moment < since or len(due) == last:
             break
         due[entry.slot_name(moment)] = moment
     runs = JobRun.objects.using(using).filter(job_name=entry.name)
@@ -96,6 +107,7 @@ def timeline(
             due[run.period] = requested or from_field(run.started_at)
         attempts.setdefault(run.period, []).append(run)
     spans = pauses(using, entry.name, earliest)
+    seen = first_seen(using, [entry.name]).get(entry.name)
     outcomes = []
     for name, moment in due.items():
         tried = attempts.get(name)
@@ -112,12 +124,15 @@ def timeline(
                         latest.duration.total_seconds() if latest.duration is not None else None
                     ),
                     host=latest.host,
+                    run_id=latest.pk,
                 )
             )
+        elif seen is None or moment < seen:
+            continue  # not yet due to any scheduler: not missed
         else:
             paused = any(span.covers(moment) for span in spans)
             outcomes.append(
                 SlotOutcome(name, moment, PAUSED if paused else MISSED, 0, None, None, "")
             )
     outcomes.sort(key=lambda outcome: outcome.due)
-    return outcomes[-MAX_SLOTS:]
+    return outcomes[-last:]

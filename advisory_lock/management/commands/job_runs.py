@@ -15,6 +15,7 @@ from django.db import DEFAULT_DB_ALIAS
 from advisory_lock import signals
 from advisory_lock.datetimes import from_field
 from advisory_lock.exceptions import LedgerNotMigrated
+from advisory_lock.ledger import first_line
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
@@ -33,6 +34,8 @@ from advisory_lock.validation import whole_number_argument
 
 MAX_LIMIT = 2**31 - 1
 MAX_DAYS = 36_500  # a century: the cutoff stays a valid date
+#: The characters of an error's first line that the table shows (--json shows it all).
+ERROR_WIDTH = 60
 
 
 class Command(BaseCommand):
@@ -83,15 +86,18 @@ class Command(BaseCommand):
             action="store_true",
             help=(
                 "List the declared jobs whose latest ended slot has no successful run (after "
-                "its grace); exit status 1 if any, 0 if none."
+                "its grace), and the scheduled entries whose last alert_after slots that ran "
+                "all failed; exit status 1 if any, 0 if none."
             ),
         )
         parser.add_argument(
             "--timeline",
             metavar="ENTRY",
             help=(
-                "Every slot of this ADVISORY_LOCK['SCHEDULE'] entry since --since, with its "
-                f"outcome, attempts, host, start and duration (at most {MAX_SLOTS}, the latest)."
+                "Every slot of this ADVISORY_LOCK['SCHEDULE'] entry since --since, newest first, "
+                "with its outcome, attempts, host, start and duration (at most "
+                f"{MAX_SLOTS}, the latest). A slot that fell due before a scheduler first "
+                "loaded the entry is left out unless it ran."
             ),
         )
         parser.add_argument(
@@ -103,7 +109,9 @@ class Command(BaseCommand):
             ),
         )
         parser.add_argument(
-            "--json", action="store_true", help="With --overdue or --timeline: print JSON."
+            "--json",
+            action="store_true",
+            help="Print JSON: the runs listed, the overdue jobs, or the timeline's slots.",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
 
@@ -120,6 +128,8 @@ class Command(BaseCommand):
         text_option("--job", options["job"], max_length=MAX_JOB_NAME_LENGTH)
         text_option("--period", options["period"], max_length=MAX_PERIOD_LENGTH)
         runs = JobRun.objects.using(options["database"])
+        if options["json"] and (options["prune"] or options["mark_abandoned"]):
+            raise CommandError("--json goes with the list of runs, --overdue or --timeline.")
         if options["older_than"] is not None and not options["prune"]:
             raise CommandError("--older-than goes with --prune.")
         if options["prune"]:
@@ -133,8 +143,6 @@ class Command(BaseCommand):
             raise CommandError("--since goes with --timeline.")
         if options["timeline"] is not None:
             return self.timeline(options)
-        if options["json"] and not options["overdue"]:
-            raise CommandError("--json goes with --overdue or --timeline.")
         if options["overdue"]:
             return self.overdue(options["database"], as_json=options["json"])
         if (options["force"] or options["period"]) and not options["mark_abandoned"]:
@@ -151,6 +159,10 @@ class Command(BaseCommand):
             runs = runs.filter(job_name=options["job"])
         if options["status"]:
             runs = runs.filter(status=options["status"])
+        listed = list(runs.order_by("-started_at", "-pk")[: options["limit"]])
+        if options["json"]:
+            self.stdout.write(json.dumps([_as_dict(run) for run in listed], indent=2))
+            return
         rows = [
             (
                 run.job_name,
@@ -161,10 +173,13 @@ class Command(BaseCommand):
                 run.host,
                 str(run.pid or ""),
                 str(run.attempt),
+                _truncated(first_line(run.error), ERROR_WIDTH),
             )
-            for run in runs.order_by("-started_at")[: options["limit"]]
+            for run in listed
         ]
-        header = ("job", "period", "status", "started (UTC)", "duration", "host", "pid", "try")
+        header = (
+            "job", "period", "status", "started (UTC)", "duration", "host", "pid", "try", "error"
+        )  # fmt: skip
         for line in format_table(header, rows):
             self.stdout.write(line)
         if not rows:
@@ -186,7 +201,7 @@ class Command(BaseCommand):
                 since = parse_since(options["since"])
             except ValueError as error:
                 raise CommandError(f"--since: {error}") from error
-        slots = timeline(entry, options["database"], since)
+        slots = timeline(entry, options["database"], since)[::-1]  # newest first
         if options["json"]:
             self.stdout.write(json.dumps([slot.as_dict() for slot in slots], indent=2))
             return
@@ -241,11 +256,38 @@ class Command(BaseCommand):
             ]
             for line in format_table(header, rows):
                 self.stdout.write(line)
-            for reason in sorted({job.reason for job in overdue if job.reason}):
+            for reason in sorted(
+                {job.reason for job in overdue if job.reason and not job.failing}
+            ):
                 self.stdout.write(f"Why: {reason}.")
+            for job in overdue:
+                if job.failing:
+                    self.stdout.write(f"Failing: {job.job_name}: {job.reason}.")
         if overdue:
             sys.exit(1)
 
 
 def _duration(duration: datetime.timedelta | None) -> str:
     return "" if duration is None else f"{duration.total_seconds():.1f}s"
+
+
+def _truncated(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _as_dict(run: JobRun) -> dict[str, Any]:
+    """A run as ``--json`` prints it: every column but the lock's, times in ISO 8601 (UTC)."""
+    return {
+        "id": run.pk,
+        "job": run.job_name,
+        "period": run.period,
+        "status": run.status,
+        "attempt": run.attempt,
+        "started_at": from_field(run.started_at).isoformat(),
+        "finished_at": from_field(run.finished_at).isoformat() if run.finished_at else None,
+        "duration": run.duration.total_seconds() if run.duration is not None else None,
+        "host": run.host,
+        "pid": run.pid,
+        "error": run.error,
+        "task_id": run.task_id or None,
+    }

@@ -17,8 +17,10 @@ from advisory_lock.own_connection import table_checked
 from advisory_lock.schedule import entries
 from advisory_lock.scheduling.alerts import alert_no_scheduler_alive
 from advisory_lock.scheduling.alerts import reaches_stderr
+from advisory_lock.scheduling.control import MAX_REASON_LENGTH
 from advisory_lock.scheduling.control import NoSchedulerAlive
 from advisory_lock.scheduling.control import command_line_user
+from advisory_lock.scheduling.control import latest_pauses
 from advisory_lock.scheduling.control import request_run
 from advisory_lock.scheduling.control import run_going_on
 from advisory_lock.scheduling.control import set_paused
@@ -32,6 +34,7 @@ from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
 from advisory_lock.validation import seconds_argument
+from advisory_lock.validation import text_option
 from advisory_lock.validation import whole_number_argument
 
 
@@ -66,6 +69,14 @@ class Command(BaseCommand):
             help=(
                 "Ask the live schedulers to run an entry once now, in a slot of its own "
                 "(manual:<time>); exit status 1 if no scheduler is alive."
+            ),
+        )
+        parser.add_argument(
+            "--reason",
+            metavar="TEXT",
+            help=(
+                "With --pause, --resume or --run-now: why (kept with the request, shown by "
+                f"--list and the admin; at most {MAX_REASON_LENGTH} characters)."
             ),
         )
         parser.add_argument(
@@ -126,6 +137,10 @@ class Command(BaseCommand):
             raise CommandError(f"{' and '.join(controls)} don't go together: pick one.")
         if options["json"] and not (options["list"] or options["status"]):
             raise CommandError("--json goes with --list or --status.")
+        if options["reason"] is not None:
+            if not (options["pause"] or options["resume"] or options["run_now"]):
+                raise CommandError("--reason goes with --pause, --resume or --run-now.")
+            text_option("--reason", options["reason"], max_length=MAX_REASON_LENGTH)
         try:
             schedule = entries()
             heartbeat_interval()
@@ -186,7 +201,7 @@ class Command(BaseCommand):
             raise CommandError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
         if options["run_now"]:
             try:
-                request = request_run(using, name, command_line_user())
+                request = request_run(using, name, command_line_user(), options["reason"] or "")
             except NoSchedulerAlive as error:
                 raise CommandError(str(error), returncode=1) from error
             line = f"run_jobs: {name} requested as slot {request.slot}; a live scheduler starts it"
@@ -199,7 +214,7 @@ class Command(BaseCommand):
                 )
             return
         pausing = bool(options["pause"])
-        changed = set_paused(using, name, pausing, command_line_user())
+        changed = set_paused(using, name, pausing, command_line_user(), options["reason"] or "")
         state = "paused" if pausing else "resumed"
         if changed is None:
             self.stdout.write(f"run_jobs: {name} was already {state}: nothing changed.")
@@ -231,6 +246,12 @@ class Command(BaseCommand):
 
     def list(self, scheduler: Scheduler, *, as_json: bool) -> None:
         rows = scheduler.listing()
+        paused = latest_pauses(scheduler.using, [row["name"] for row in rows])
+        for row in rows:
+            pause = paused.get(row["name"]) if row["paused"] else None
+            row["paused_by"] = pause.requested_by if pause else None
+            row["paused_at"] = from_field(pause.requested_at).isoformat() if pause else None
+            row["pause_reason"] = pause.reason if pause else None
         if as_json:
             self.stdout.write(json.dumps(rows, indent=2))
             return
@@ -251,3 +272,16 @@ class Command(BaseCommand):
         ]
         for line in format_table(header, table):
             self.stdout.write(line)
+        for row in rows:
+            if row["paused"]:
+                self.stdout.write(_paused_line(row))
+
+
+def _paused_line(row: dict[str, Any]) -> str:
+    """Who paused a paused entry of ``--list``, when (UTC) and why."""
+    if row["paused_by"] is None:
+        return f"{row['name']}: paused."
+    line = f"{row['name']}: paused by {row['paused_by']} at {row['paused_at']}"
+    return (
+        f"{line}: {row['pause_reason']}" if row["pause_reason"] else f"{line} (no reason given)."
+    )

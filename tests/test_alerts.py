@@ -22,6 +22,7 @@ from advisory_lock.datetimes import to_field
 from advisory_lock.schedule import _entry
 from advisory_lock.scheduling.control import Action
 from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.first_seen import EntrySeen
 from tests.schedulers import server_now
 from tests.schedulers import wait_for
 
@@ -108,7 +109,7 @@ def test_the_slots_no_run_started_for_are_alerted_once_by_the_next_slots_schedul
 ):
     # Three entries due each minute. "gap" last ran 6 minutes before its current slot: the
     # 5 minutes between were missed. "paused" too, but it was paused over the 3 oldest of
-    # them. "new" never ran: none of its slots before its first run is missed.
+    # them. "new" was never seen by a scheduler: none of its slots before is missed.
     path = tmp_path / "alerts.jsonl"
     options = {"callable": "tests.schedule_jobs.nothing", "cron": "* * * * *"}
     entry = _entry("gap", options)
@@ -116,6 +117,10 @@ def test_the_slots_no_run_started_for_are_alerted_once_by_the_next_slots_schedul
     current = next(entry.slots_before(now))
     minute = datetime.timedelta(minutes=1)
     for name in ("gap", "paused"):
+        # Known to the schedulers for 10 minutes (a scheduler first loaded it then).
+        EntrySeen.objects.using(using).create(
+            job_name=name, first_seen=to_field(current - 10 * minute)
+        )
         old = current - 6 * minute
         ledger.create(
             job_name=name, period=entry.slot_name(old), attempt=1, status=SUCCEEDED,
@@ -180,3 +185,28 @@ def test_no_scheduler_alive_is_alerted_by_the_check(ledger, using, caplog):
     records = [r for r in caplog.records if getattr(r, "event", None) == "no_scheduler_alive"]
     assert [r.levelname for r in records] == ["ERROR"]
     assert records[0].error == received[0]["error"]
+
+
+def test_an_entry_is_alerted_unhealthy_once_when_its_last_alert_after_slots_have_failed(
+    schedulers, ledger, using, tmp_path
+):
+    path = tmp_path / "alerts.jsonl"
+    schedule = {
+        "flaky": {
+            "callable": "tests.schedule_jobs.fail",
+            "every": 1,
+            "retries": 0,
+            "alert_after": 3,
+        }
+    }
+    start_two(schedulers, schedule, path)
+    # Twice as many failed slots as it takes: the streak goes on, and is not said again.
+    wait_for(lambda: len(sent(path, "slot_failed")) >= 6, "6 failed slots")
+    schedulers.kill_all()
+    unhealthy = sent(path, "entry_unhealthy")
+    assert len(unhealthy) == 1, unhealthy
+    failed = sorted(ledger.filter(job_name="flaky", status=FAILED), key=lambda run: run.started_at)
+    third = failed[2]  # the failure that made the streak
+    assert (unhealthy[0]["slot"], unhealthy[0]["run_id"]) == (third.period, third.pk)
+    assert "its last 3 slot(s) that ran failed" in unhealthy[0]["error"]
+    assert_logged_as_sent(path, "entry_unhealthy")

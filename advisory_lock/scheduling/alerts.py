@@ -18,6 +18,7 @@ tracker's logging integration (Sentry's) or ``AdminEmailHandler`` needs no recei
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -34,9 +35,12 @@ from advisory_lock.datetimes import to_field
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import deciding_attempt
 from advisory_lock.ledger import deciding_attempts
+from advisory_lock.ledger import first_line
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import MANUAL
 from advisory_lock.scheduling.control import pauses_of
+from advisory_lock.scheduling.first_seen import first_seen
+from advisory_lock.scheduling.health import failing
 
 logger = logging.getLogger("advisory_lock.alerts")
 
@@ -92,11 +96,6 @@ _SIGNALS = {
 }
 
 
-def error_line(error: str) -> str:
-    """The line of a recorded error that says what went wrong: a traceback's last."""
-    return (error.strip().splitlines() or [""])[-1]
-
-
 def slot_failed(using: str, entry: Entry, slot: str, how: str = "") -> JobRun | None:
     """Alert that an attempt at ``entry``'s ``slot`` failed; ``how``: what the scheduler
     knows of it (its process died), else the run's recorded error says. Reads the slot's
@@ -106,14 +105,38 @@ def slot_failed(using: str, entry: Entry, slot: str, how: str = "") -> JobRun | 
     attempt = f" (attempt {run.attempt})" if run is not None else ""
     send(
         signals.slot_failed,
-        f"{entry.name} [{slot}] failed{attempt}: {error_line(error)}",
+        f"{entry.name} [{slot}] failed{attempt}: {first_line(error)}",
         using=using,
         entry=entry,
         slot=slot,
         run=run,
         error=error,
     )
+    if run is not None and run.attempt == 1:
+        # The slot's first failure: it may make the streak (a later attempt's can't, its
+        # slot was counted failed already).
+        _unhealthy_now(using, entry, run)
     return run
+
+
+def _unhealthy_now(using: str, entry: Entry, run: JobRun) -> None:
+    """Alert ``entry_unhealthy`` if ``run``'s failure made the entry failing: its last
+    ``alert_after`` slots that ran failed (``health.failing``), this run's the latest, and
+    the one before them did not (else it was failing already, and said so then)."""
+    now = failing(entry, using)
+    if now is None or now.latest.pk != run.pk:
+        return
+    if failing(dataclasses.replace(entry, alert_after=entry.alert_after + 1), using):
+        return  # the streak is longer: it was failing before this run
+    send(
+        signals.entry_unhealthy,
+        f"{entry.name} is failing: {now.reason}",
+        using=using,
+        entry=entry,
+        slot=run.period,
+        run=run,
+        error=now.reason,
+    )
 
 
 def missed_before(
@@ -155,17 +178,20 @@ def missed_before(
         # latest start before the gap were never started.
         after_it = functools.partial(operator.lt, from_field(last))  # slot > its start
         never = itertools.takewhile(after_it, entries[name].slots_before(at))
-        gaps[name] = list(itertools.islice(never, MISSED_NAMED))
+        if slots := list(itertools.islice(never, MISSED_NAMED)):
+            gaps[name] = slots
     if not gaps:
         return
+    seen = first_seen(using, gaps)
     spans = pauses_of(using, list(gaps), min(slots[-1] for slots in gaps.values()))
     for name, slots in gaps.items():
         entry = entries[name]
         paused = spans.get(name, [])
+        since = seen.get(name)
         missed = [
             entry.slot_name(slot)
             for slot in slots
-            if not any(span.covers(slot) for span in paused)
+            if (since is None or slot >= since) and not any(span.covers(slot) for span in paused)
         ]
         if not missed:
             continue

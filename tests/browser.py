@@ -141,9 +141,12 @@ def schedule_row(page: Page, entry: str) -> Locator:
     )
 
 
-def pause(page: Page, entry: str) -> None:
-    """On the Schedule page, pause ``entry`` with its row's button."""
-    schedule_row(page, entry).get_by_role("button", name="Pause").click()
+def pause(page: Page, entry: str, reason: str = "") -> None:
+    """On the Schedule page, pause ``entry`` with its row's button, saying why."""
+    row = schedule_row(page, entry)
+    if reason:
+        row.get_by_label(f"Why pause {entry}").fill(reason)
+    row.get_by_role("button", name="Pause").click()
 
 
 def run_now(page: Page, entry: str) -> None:

@@ -81,17 +81,27 @@ def test_an_entry_paused_from_the_schedule_page_shows_paused_and_names_the_user(
     page = admin_page
     page.goto(admin_site.url(SCHEDULE))
     expect(schedule_row(page, "report")).to_contain_text("active")
-    pause(page, "report")
+    pause(page, "report", reason="the upstream API is down")
     expect(messages(page)).to_contain_text("Paused the scheduled entry 'report'.")
     expect(schedule_row(page, "report").locator(".paused")).to_have_text("paused")
+    # Who paused it, and why, on the row.
+    details = schedule_row(page, "report").locator(".pause-details")
+    expect(details).to_contain_text("by admin user 'admin'")
+    expect(details.locator(".pause-reason")).to_have_text("the upstream API is down")
     expect(schedule_row(page, "report").get_by_role("button", name="Resume")).to_be_visible()
     expect(schedule_row(page, "broken")).to_contain_text("active")  # the other one is not
     [row] = JobControl.objects.using(admin_site.using).all()
-    assert (row.job_name, row.action, row.requested_by) == (
+    assert (row.job_name, row.action, row.requested_by, row.reason) == (
         "report",
         JobControl.Action.PAUSE,
         "admin user 'admin'",
+        "the upstream API is down",
     )
+    # Listed in the requests' admin too, read-only, with who asked.
+    page.goto(admin_site.url("/admin/advisory_lock/jobcontrol/"))
+    listed = page.locator("#result_list tbody tr").filter(has_text="report")
+    expect(listed).to_contain_text("admin user 'admin'")
+    expect(listed).to_contain_text("the upstream API is down")
 
 
 def test_run_now_is_run_by_a_live_scheduler_and_listed_with_the_job_runs(
@@ -167,3 +177,20 @@ def test_every_run_status_shows_as_a_badge_of_its_colour(admin_page: Page, admin
         expect(badge).to_have_css(
             "background-color", rgb(STATUS_COLOURS.get(status, UNKNOWN_COLOUR))
         )
+
+
+def test_a_failed_slot_opens_from_the_schedule_pages_health_strip(
+    admin_page: Page, admin_site: AdminSite, admin_schedulers
+):
+    status, _out, err = admin_schedulers.once({"broken": BROKEN})
+    [failed] = JobRun.objects.using(admin_site.using).filter(job_name="broken")
+    assert failed.status == JobRun.Status.FAILED, (status, err)
+    page = admin_page
+    page.goto(admin_site.url(SCHEDULE))
+    cell = schedule_row(page, "broken").locator('.slot-cell[data-outcome="failed"]')
+    expect(cell).to_have_count(1)
+    cell.click()
+    expect(page).to_have_url(admin_site.url(f"{JOB_RUNS}{failed.pk}/change/"))
+    expect(page.locator(".field-traceback pre")).to_contain_text(
+        "RuntimeError: the scheduled job failed on purpose"
+    )

@@ -1,5 +1,6 @@
 """The admin of the job_runs ledger: the runs (read-only), the held locks, and the schedule's
-control room (live schedulers, pause / resume, run now, each entry's slot timeline)."""
+control room (live schedulers, pause / resume, run now, each entry's slot timeline); the stored
+schedule entries' own pages are ``advisory_lock.scheduling.admin``'s, registered here."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from advisory_lock.keys import LockKey
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
-from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduling.admin import StoredEntryAdmin
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import NoSchedulerAlive
 from advisory_lock.scheduling.control import request_run
@@ -54,6 +55,9 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.scheduler import Scheduler
+from advisory_lock.scheduling.stored import TABLE
+from advisory_lock.scheduling.stored import StoredEntry
+from advisory_lock.scheduling.stored import all_entries
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import PAUSED
 from advisory_lock.scheduling.timeline import parse_since
@@ -311,7 +315,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         try:
             # A missing table raises LedgerNotMigrated, which these excepts let through.
             with ledger_checked(app_aliases()):
-                rows = Scheduler(schedule_entries(), using=using).listing()
+                rows = Scheduler(all_entries(using), using=using).listing()
                 overdue = {job.job_name: job for job in overdue_jobs(using)}
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
@@ -353,15 +357,18 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         name = request.POST.get("entry", "")
         back = HttpResponseRedirect(reverse("admin:advisory_lock_jobrun_schedule"))
+        using = router.db_for_write(JobControl)
         try:
-            entries = schedule_entries()
+            entries = all_entries(using)
         except ValueError as error:
             messages.error(request, str(error))
             return back
         if name not in entries:
-            messages.error(request, f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+            messages.error(
+                request,
+                f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE}.",
+            )
             return back
-        using = router.db_for_write(JobControl)
         who = f"admin user {request.user.get_username()!r}"
         if action == "run_now":
             try:
@@ -396,13 +403,17 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "opts": self.model._meta,
         }
         try:
-            entry = schedule_entries().get(name)
-            if entry is None:
-                raise ValueError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
-            since = parse_since(context["since"]) if context["since"] else None
+            using = router.db_for_read(JobRun)
             # A missing table raises LedgerNotMigrated, which the except lets through.
             with ledger_checked(app_aliases()):
-                slots = timeline(entry, router.db_for_read(JobRun), since)
+                entry = all_entries(using).get(name)
+            if entry is None:
+                raise ValueError(
+                    f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE}."
+                )
+            since = parse_since(context["since"]) if context["since"] else None
+            with ledger_checked(app_aliases()):
+                slots = timeline(entry, using, since)
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
@@ -540,3 +551,6 @@ def _latest_runs(using: str) -> dict[Any, JobRun]:
         with contextlib.suppress(ValueError, TypeError, ImproperlyConfigured):
             latest.setdefault(backend.db_key(LockKey.from_identity(run.lock_key)), run)
     return latest
+
+
+admin.site.register(StoredEntry, StoredEntryAdmin)

@@ -85,9 +85,11 @@ from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
+from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
 from advisory_lock.scheduling.notifications import Listening
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.outages import is_refusal
+from advisory_lock.scheduling.stored import StoredSchedule
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
@@ -186,7 +188,9 @@ class Boundary(NamedTuple):
 
 
 class Scheduler:
-    """Runs the due slots of ``entries`` on the ledger of the database ``using``."""
+    """Runs the due slots of ``entries`` (``ADVISORY_LOCK["SCHEDULE"]``'s) and of the entries
+    stored in the database ``using`` (``scheduling.stored``: followed while it runs) on the
+    ledger of ``using``."""
 
     def __init__(
         self,
@@ -198,8 +202,12 @@ class Scheduler:
         workers: int = DEFAULT_WORKERS,
         say: Callable[[str], None] = print,
     ) -> None:
-        self.entries = entries
+        self.configured = dict(entries)  # the settings': they win a name (see ``stored``)
+        self.entries = dict(entries)  # and the stored ones, once read (``follow_schedule``)
+        self.stored = StoredSchedule(using)
+        self._stored_problems: set[str] = set()  # said once each
         self.using = using
+        self.workers = workers
         self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
@@ -254,6 +262,8 @@ class Scheduler:
         # Look for requests at the next pass: one was announced (or may have been, unheard),
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
+        # Read the stored entries at the next pass: a change was announced (or may have been).
+        self._reread_now = False
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
         # The database server's clock as last read, and time.monotonic() just after the
         # answer came: ``now()`` adds the monotonic time since (see ``now``).
@@ -269,7 +279,8 @@ class Scheduler:
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
         next_sweep = 0.0
-        polled_at = followed_at = -math.inf  # the interval may shorten (deaf): looked at each pass
+        # The intervals may shorten (deaf): looked at each pass.
+        polled_at = followed_at = reread_at = -math.inf
         try:
             self.pool.fill()
             while not self.stopping:
@@ -277,6 +288,10 @@ class Scheduler:
                 try:
                     self.reap()
                     self.beat_if_due()
+                    if self._reread_now or time.monotonic() >= reread_at + self._poll_interval():
+                        self._reread_now = False
+                        self.follow_schedule()
+                        reread_at = time.monotonic()
                     if self._poll_now or self._polls_now(polled_at):
                         self._poll_now = False
                         self.start_requested()
@@ -293,7 +308,7 @@ class Scheduler:
                     if not (is_outage(error) or is_refusal(error)):
                         raise
                     next_sweep = self._next_beat = 0.0  # once it is back
-                    polled_at = followed_at = -math.inf
+                    polled_at = followed_at = reread_at = -math.inf
                     self._clock = None  # read again: a failover may bring another clock
                     self._wait(self._outage(error))
                     continue
@@ -313,6 +328,7 @@ class Scheduler:
         First, record how the tasks that earlier runs enqueued have ended, as far as their
         queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late).
         A slot whose entry another scheduler has claimed is left to it."""
+        self.follow_schedule()
         self.follow_tasks()
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
         # No more workers than entries with something due (none at all: no fork).
@@ -420,6 +436,12 @@ class Scheduler:
             # at the next two heartbeats, not in a minute.
             self._shares_left = 2
         self._rank, self._fleet_size = rank, size
+        self._reorder()
+
+    def _reorder(self) -> None:
+        """``_order`` and ``_own`` of the entries, by the rank and size of the fleet as last
+        counted (``share``): no statement."""
+        rank, size = self._rank, self._fleet_size
         own = [name for name in self.entries if zlib.crc32(name.encode()) % size == rank]
         others = [name for name in self.entries if zlib.crc32(name.encode()) % size != rank]
         random.shuffle(own)
@@ -472,10 +494,14 @@ class Scheduler:
     def _heard(self, payloads: list[str]) -> bool:
         """True, and requests to be looked for at once, if a notification concerns us: a
         request for one of our entries, or a new listening connection (requests made while
-        there was none went unheard)."""
+        there was none went unheard); the stored entries to be read again at once if one of
+        them changed (or a new listening connection: changes may have gone unheard)."""
         concerns = False
         for payload in payloads:
             kind, _, name = payload.partition(":")
+            if payload == LISTENING or kind == SCHEDULE_CHANGED:
+                # Any name: a new entry is not among ours yet.
+                self._reread_now = concerns = True
             if payload == LISTENING or (kind == CONTROL and name in self.entries):
                 self._poll_now = concerns = True
                 if name in self.children:
@@ -637,6 +663,52 @@ class Scheduler:
             return
         for name in self.claims.claim(names):
             self.start(self.entries[name], requests[name].slot, manual=True)
+
+    def follow_schedule(self, *, say: bool = True) -> None:
+        """Take up the changes of the stored entries (``scheduling.stored``): one statement
+        when there is none, two when there is. A stored entry that can't be scheduled (its
+        callable gone, its name now in ``SCHEDULE``) is left out, and ``say`` says so once."""
+        if not self.stored.changed():
+            return
+        stored, problems = self.stored.load()
+        for problem in problems:
+            if say and problem not in self._stored_problems:
+                self.say(f"run_jobs: a stored entry is not scheduled: {problem}")
+        self._stored_problems = set(problems)
+        entries = {**stored, **self.configured}
+        changed = {
+            name
+            for name in self.entries.keys() | entries.keys()
+            if self.entries.get(name) != entries.get(name)
+        }
+        if not changed:
+            return
+        # A run going on here of a changed or deleted entry goes on with the entry it was
+        # given, and ends recorded (fenced by its row) as any run; the next slot is the new
+        # entry's. The slots claimed for them and not started are let go.
+        waiting = [name for name in changed if name in self._ready]
+        for name in waiting:
+            del self._ready[name]
+        self.claims.release(waiting)
+        for name in changed:
+            self._due.pop(name, None)
+            self._quiet.pop(name, None)
+            self._held_back.pop(name, None)
+        self._settled = {slot for slot in self._settled if slot[0] not in changed}
+        self._elsewhere = {slot for slot in self._elsewhere if slot[0] not in changed}
+        self._next_boundary = None
+        added, removed = entries.keys() - self.entries.keys(), self.entries.keys() - entries.keys()
+        self.entries = entries
+        self._reorder()
+        self.pool.size = max(1, min(self.workers, len(entries)))
+        if say:
+            for what, names in (
+                ("added", added),
+                ("changed", changed - added - removed),
+                ("removed", removed),
+            ):
+                if names:
+                    self.say(f"run_jobs: stored entries {what}: {', '.join(sorted(names))}.")
 
     def follow_tasks(self) -> None:
         """Record how the enqueued slots of the task entries ended (``TaskEnds``)."""
@@ -953,6 +1025,7 @@ class Scheduler:
 
     def listing(self) -> list[dict[str, Any]]:
         """Each entry with its next run and its last run, for ``run_jobs --list``."""
+        self.follow_schedule(say=False)
         now = self.now()
         rows = []
         for name, entry in self.entries.items():

@@ -49,7 +49,6 @@ from tests.test_control_room import heartbeats  # noqa: F401 (a fixture)
 from tests.test_control_room import output
 from tests.test_control_room import schedulers  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.django_db(transaction=True)
 Status = JobRun.Status
 HANG = 120  # seconds: a guard against a hang, not a timing
 ADD = "admin:advisory_lock_storedentry_add"
@@ -96,12 +95,17 @@ class LedgerOn:
 @pytest.fixture
 def stored(using):
     """The StoredEntry rows of ``using``, empty before and after the test; the app's models
-    routed there (the admin's too)."""
+    routed there (the admin's too). The users and the admin's history (on ``default``) are
+    deleted after the test: no test transaction rolls back rows on two databases."""
     rows = StoredEntry.objects.using(using)
     rows.all().delete()
-    with override_settings(DATABASE_ROUTERS=[LedgerOn(using)]):
-        yield rows
-    rows.all().delete()
+    try:
+        with override_settings(DATABASE_ROUTERS=[LedgerOn(using)]):
+            yield rows
+    finally:
+        rows.all().delete()
+        LogEntry.objects.all().delete()
+        User.objects.all().delete()
 
 
 def staff(username: str, *permissions: str) -> User:

@@ -26,8 +26,10 @@ from django.contrib.auth.models import Permission
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
+from django.db import connections
 from django.test import Client
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from advisory_lock import JobRun
@@ -38,6 +40,7 @@ from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.stored import TABLE
 from advisory_lock.scheduling.stored import StoredEntry
+from advisory_lock.scheduling.stored import StoredSchedule
 from advisory_lock.validation import MAX_SECONDS
 from tests.schedulers import JOBS
 from tests.schedulers import long_interval
@@ -424,3 +427,32 @@ def test_the_command_lines_controls_know_the_stored_entries(using, stored, contr
     assert is_paused(using, "report")
     with pytest.raises(CommandError, match="nor has job_schedule_entries"):
         command("run_jobs", "--pause", "nope", "--database", using)
+
+
+def test_a_look_at_the_stored_entries_is_one_statement_and_they_are_read_again_only_on_a_change(
+    using, stored
+):
+    follow = StoredSchedule(using)
+    with CaptureQueriesContext(connections[using]) as first:
+        assert follow.changed()  # before the first read
+        assert follow.load() == ({}, [])
+    assert len(first) == 1
+    for change in ("create", "save", "delete", "create again"):
+        with CaptureQueriesContext(connections[using]) as look:
+            assert not follow.changed()
+        assert len(look) == 1, look.captured_queries
+        if change.startswith("create"):
+            stored.create(name="report", callable=f"{JOBS}.tick", every=60)
+        elif change == "save":
+            row = stored.get(name="report")
+            row.every = 120
+            row.save()
+        else:
+            stored.all().delete()
+        assert follow.changed(), change
+        entries, problems = follow.load()
+        assert problems == []
+        assert [entry.every for entry in entries.values()] == (
+            [] if change == "delete" else [120.0 if change == "save" else 60.0]
+        )
+    assert not follow.changed()

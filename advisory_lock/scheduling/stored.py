@@ -26,7 +26,7 @@ How a live scheduler follows the rows (``StoredSchedule``):
 
 from __future__ import annotations
 
-import datetime
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -192,9 +192,13 @@ def stored_entries(using: str) -> tuple[dict[str, Entry], list[str]]:
     """The stored entries of ``using`` that can be scheduled (one statement), and the
     problems of those that can't (a callable gone in a deploy, a name now in ``SCHEDULE``):
     those are left out, whatever their problem, and the others scheduled."""
+    return _schedulable(StoredEntry.objects.using(using))
+
+
+def _schedulable(rows: Iterable[StoredEntry]) -> tuple[dict[str, Entry], list[str]]:
     valid: dict[str, Entry] = {}
     problems: list[str] = []
-    for row in StoredEntry.objects.using(using).order_by("name"):
+    for row in rows:
         if found := row.problems():
             problems += found
         else:
@@ -212,23 +216,29 @@ def all_entries(using: str) -> dict[str, Entry]:
 
 class StoredSchedule:
     """The stored entries of ``using``, as a scheduler follows them: ``changed()`` looks at
-    their version (one statement), ``load()`` reads them."""
+    their version (one statement; none before the first ``load()``), ``load()`` reads them
+    (one statement) and keeps their version."""
 
     def __init__(self, using: str) -> None:
         self.using = using
-        self.version: tuple[int, datetime.datetime | None, int | None] | None = None
+        self.version: tuple[Any, ...] | None = None
 
     def changed(self) -> bool:
-        """Have the rows changed since the last look (always, at the first)?"""
+        """Have the rows changed since the last ``load()`` (always, before the first)?"""
+        if self.version is None:
+            return True
         seen = StoredEntry.objects.using(self.using).aggregate(
             count=Count("pk"), latest=Max("updated_at"), revisions=Sum("revision")
         )
-        version = (seen["count"], seen["latest"], seen["revisions"])
-        if version == self.version:
-            return False
-        self.version = version
-        return True
+        return (seen["count"], seen["latest"], seen["revisions"]) != self.version
 
     def load(self) -> tuple[dict[str, Entry], list[str]]:
-        """The entries to schedule and the problems of the others (``stored_entries``)."""
-        return stored_entries(self.using)
+        """The entries to schedule and the problems of the others (``stored_entries``); their
+        version kept, as ``changed()`` reads it (a sum is None over no rows, as in SQL)."""
+        rows = list(StoredEntry.objects.using(self.using))
+        self.version = (
+            len(rows),
+            max((row.updated_at for row in rows), default=None),
+            sum(row.revision for row in rows) if rows else None,
+        )
+        return _schedulable(rows)

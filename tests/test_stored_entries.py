@@ -36,14 +36,16 @@ from advisory_lock import JobRun
 from advisory_lock.schedule import MAX_RETRIES
 from advisory_lock.schedule import SETTING
 from advisory_lock.schedule import entry_problems
+from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
+from advisory_lock.scheduling.control import pending_requests
 from advisory_lock.scheduling.stored import TABLE
 from advisory_lock.scheduling.stored import StoredEntry
-from advisory_lock.scheduling.stored import StoredSchedule
 from advisory_lock.validation import MAX_SECONDS
 from tests.schedulers import JOBS
 from tests.schedulers import long_interval
+from tests.schedulers import server_now
 from tests.schedulers import settings_with
 from tests.schedulers import wait_for
 from tests.test_control_room import command
@@ -53,6 +55,7 @@ from tests.test_control_room import output
 from tests.test_control_room import schedulers  # noqa: F401 (a fixture)
 
 Status = JobRun.Status
+Action = JobControl.Action
 HANG = 120  # seconds: a guard against a hang, not a timing
 ADD = "admin:advisory_lock_storedentry_add"
 CHANGELIST = "admin:advisory_lock_storedentry_changelist"
@@ -98,15 +101,19 @@ class LedgerOn:
 @pytest.fixture
 def stored(using):
     """The StoredEntry rows of ``using``, empty before and after the test; the app's models
-    routed there (the admin's too). The users and the admin's history (on ``default``) are
-    deleted after the test: no test transaction rolls back rows on two databases."""
+    routed there (the admin's too). Their changes' rows of job_controls, the users and the
+    admin's history (on ``default``) are deleted after the test: no test transaction rolls
+    back rows on two databases."""
     rows = StoredEntry.objects.using(using)
+    changes = JobControl.objects.using(using).filter(action=Action.CHANGE)
     rows.all().delete()
+    changes.delete()
     try:
         with override_settings(DATABASE_ROUTERS=[LedgerOn(using)]):
             yield rows
     finally:
         rows.all().delete()
+        changes.delete()
         LogEntry.objects.all().delete()
         User.objects.all().delete()
 
@@ -245,11 +252,11 @@ def test_each_change_needs_its_permission_and_is_in_the_admins_history(using, st
     adder.force_login(staff("adder", *EDITOR))
     assert save_in_admin(adder, "report", tick).status_code == 302
     row = stored.get(name="report")
-    assert (row.callable, row.every, row.revision) == (f"{JOBS}.tick", 60.0, 1)
+    assert (row.callable, row.every) == (f"{JOBS}.tick", 60.0)
     assert row.created_at == row.updated_at
     assert save_in_admin(adder, "report", {**tick, "every": 120}, row).status_code == 302
     row.refresh_from_db()
-    assert (row.every, row.revision) == (120.0, 2) and row.updated_at >= row.created_at
+    assert row.every == 120.0 and row.updated_at >= row.created_at
     # Without the token: Django's CSRF check refuses it.
     delete = reverse("admin:advisory_lock_storedentry_delete", args=[row.pk])
     assert adder.post(delete, {"post": "yes"}).status_code == 403
@@ -260,6 +267,9 @@ def test_each_change_needs_its_permission_and_is_in_the_admins_history(using, st
     assert [entry.action_flag for entry in logged] == [ADDITION, CHANGE, DELETION]
     assert all(entry.content_type.model_class() is StoredEntry for entry in logged)
     assert all(entry.object_repr == "report" for entry in logged)
+    # Each change is a row of job_controls too: what the schedulers look for.
+    changes = JobControl.objects.using(using).filter(action=Action.CHANGE)
+    assert list(changes.values_list("job_name", flat=True)) == ["report"] * 3
 
 
 def test_pause_and_resume_in_the_admin_need_the_pause_permission_and_are_logged(
@@ -299,8 +309,9 @@ def test_pause_and_resume_in_the_admin_need_the_pause_permission_and_are_logged(
         "Resumed the scheduled entry 'report'.",
     ]
     assert [row.action for row in JobControl.objects.using(using).order_by("pk")] == [
-        "pause",
-        "resume",
+        Action.CHANGE,  # its creation
+        Action.PAUSE,
+        Action.RESUME,
     ]
 
 
@@ -429,30 +440,23 @@ def test_the_command_lines_controls_know_the_stored_entries(using, stored, contr
         command("run_jobs", "--pause", "nope", "--database", using)
 
 
-def test_a_look_at_the_stored_entries_is_one_statement_and_they_are_read_again_only_on_a_change(
-    using, stored
+def test_the_look_for_requests_finds_the_changes_of_stored_entries_in_the_same_statement(
+    using,
+    stored,
+    controls,  # noqa: F811 (the fixture)
 ):
-    follow = StoredSchedule(using)
-    with CaptureQueriesContext(connections[using]) as first:
-        assert follow.changed()  # before the first read
-        assert follow.load() == ({}, [])
-    assert len(first) == 1
-    for change in ("create", "save", "delete", "create again"):
-        with CaptureQueriesContext(connections[using]) as look:
-            assert not follow.changed()
-        assert len(look) == 1, look.captured_queries
-        if change.startswith("create"):
-            stored.create(name="report", callable=f"{JOBS}.tick", every=60)
-        elif change == "save":
-            row = stored.get(name="report")
-            row.every = 120
-            row.save()
-        else:
-            stored.all().delete()
-        assert follow.changed(), change
-        entries, problems = follow.load()
-        assert problems == []
-        assert [entry.every for entry in entries.values()] == (
-            [] if change == "delete" else [120.0 if change == "save" else 60.0]
-        )
-    assert not follow.changed()
+    now = server_now(using)
+    since = now - CHANGE_MARGIN
+    with CaptureQueriesContext(connections[using]) as idle:
+        assert pending_requests(using, ["report"], now, since) == []
+    stored.create(name="report", callable=f"{JOBS}.tick", every=60)
+    row = stored.get(name="report")
+    row.every = 120
+    row.save()
+    stored.all().delete()
+    now = server_now(using)
+    with CaptureQueriesContext(connections[using]) as look:
+        found = pending_requests(using, [], now, since)
+    assert [(row.action, row.job_name) for row in found] == [(Action.CHANGE, "report")] * 3
+    assert len(idle) == len(look) == 1
+    assert pending_requests(using, [], server_now(using)) == []  # not asked for

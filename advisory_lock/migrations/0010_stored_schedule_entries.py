@@ -1,6 +1,6 @@
 """Schedule entries stored in the database: job_schedule_entries holds the entries added,
-changed and deleted at run time (the admin, the ORM), beside ADVISORY_LOCK["SCHEDULE"]. A new
-table only."""
+changed and deleted at run time (the admin, the ORM), beside ADVISORY_LOCK["SCHEDULE"]; each
+change is a row of job_controls too (a new action, "change": no column changes)."""
 
 from django.db import migrations
 from django.db import models
@@ -119,7 +119,6 @@ class Migration(migrations.Migration):
                         editable=False, help_text="By the database server's clock."
                     ),
                 ),
-                ("revision", models.PositiveIntegerField(default=0, editable=False)),
             ],
             options={
                 "verbose_name": "stored schedule entry",
@@ -127,5 +126,18 @@ class Migration(migrations.Migration):
                 "db_table": "job_schedule_entries",
                 "ordering": ["name"],
             },
+        ),
+        migrations.AlterField(
+            model_name="jobcontrol",
+            name="action",
+            field=models.CharField(
+                choices=[
+                    ("pause", "pause"),
+                    ("resume", "resume"),
+                    ("run_now", "run now"),
+                    ("change", "change of a stored entry"),
+                ],
+                max_length=16,
+            ),
         ),
     ]

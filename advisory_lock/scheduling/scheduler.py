@@ -75,6 +75,7 @@ from advisory_lock.ledger import fail_orphaned
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.claims import Claims
+from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.control import pauses_of
@@ -89,7 +90,7 @@ from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
 from advisory_lock.scheduling.notifications import Listening
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.outages import is_refusal
-from advisory_lock.scheduling.stored import StoredSchedule
+from advisory_lock.scheduling.stored import stored_entries
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
@@ -204,8 +205,11 @@ class Scheduler:
     ) -> None:
         self.configured = dict(entries)  # the settings': they win a name (see ``stored``)
         self.entries = dict(entries)  # and the stored ones, once read (``follow_schedule``)
-        self.stored = StoredSchedule(using)
         self._stored_problems: set[str] = set()  # said once each
+        # The changes of stored entries to look for (``start_requested``): those stamped
+        # since this moment, less those already seen (the ids of the last look's).
+        self._changes_since: datetime.datetime | None = None
+        self._changes_seen: set[int] = set()
         self.using = using
         self.workers = workers
         self.pool = Pool(max(1, min(workers, len(entries))), using)
@@ -262,8 +266,9 @@ class Scheduler:
         # Look for requests at the next pass: one was announced (or may have been, unheard),
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
-        # Read the stored entries at the next pass: a change was announced (or may have been).
-        self._reread_now = False
+        # Read the stored entries at the next pass: at the first, and once a change was
+        # announced or found (``start_requested``), or may have gone unheard.
+        self._reread_now = True
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
         # The database server's clock as last read, and time.monotonic() just after the
         # answer came: ``now()`` adds the monotonic time since (see ``now``).
@@ -279,8 +284,7 @@ class Scheduler:
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
         next_sweep = 0.0
-        # The intervals may shorten (deaf): looked at each pass.
-        polled_at = followed_at = reread_at = -math.inf
+        polled_at = followed_at = -math.inf  # the interval may shorten (deaf): looked at each pass
         try:
             self.pool.fill()
             while not self.stopping:
@@ -288,10 +292,9 @@ class Scheduler:
                 try:
                     self.reap()
                     self.beat_if_due()
-                    if self._reread_now or time.monotonic() >= reread_at + self._poll_interval():
+                    if self._reread_now:
                         self._reread_now = False
                         self.follow_schedule()
-                        reread_at = time.monotonic()
                     if self._poll_now or self._polls_now(polled_at):
                         self._poll_now = False
                         self.start_requested()
@@ -308,7 +311,7 @@ class Scheduler:
                     if not (is_outage(error) or is_refusal(error)):
                         raise
                     next_sweep = self._next_beat = 0.0  # once it is back
-                    polled_at = followed_at = reread_at = -math.inf
+                    polled_at = followed_at = -math.inf
                     self._clock = None  # read again: a failover may bring another clock
                     self._wait(self._outage(error))
                     continue
@@ -494,13 +497,12 @@ class Scheduler:
     def _heard(self, payloads: list[str]) -> bool:
         """True, and requests to be looked for at once, if a notification concerns us: a
         request for one of our entries, or a new listening connection (requests made while
-        there was none went unheard); the stored entries to be read again at once if one of
-        them changed (or a new listening connection: changes may have gone unheard)."""
+        there was none went unheard, and so did changes of stored entries: that look finds
+        them too); the stored entries to be read again at once if one of them changed."""
         concerns = False
         for payload in payloads:
             kind, _, name = payload.partition(":")
-            if payload == LISTENING or kind == SCHEDULE_CHANGED:
-                # Any name: a new entry is not among ours yet.
+            if kind == SCHEDULE_CHANGED:  # any name: a new entry is not among ours yet
                 self._reread_now = concerns = True
             if payload == LISTENING or (kind == CONTROL and name in self.entries):
                 self._poll_now = concerns = True
@@ -648,29 +650,42 @@ class Scheduler:
     def start_requested(self) -> None:
         """Start the pending run-now requests of the entries that have no run going here,
         each once its entry is claimed here (a request of an entry claimed elsewhere waits
-        for the next look)."""
+        for the next look); and read the stored entries again if the same statement finds a
+        change of one not seen yet. A change is looked for from ``CHANGE_MARGIN`` before the
+        last look on: a change's row is stamped before it commits, at most that long before
+        (see ``control.CHANGE_MARGIN``), so one that commits after a look is found by the
+        next."""
+        free = len(self.pool.idle())
         idle = [
             name for name in self.entries if not self.busy(name) and not self._holds_back(name)
         ]
-        free = len(self.pool.idle())
-        if not idle or not free:
-            return
+        now = self.now()
         requests: dict[str, JobControl] = {}
-        for request in pending_requests(self.using, idle, self.now()):
-            requests.setdefault(request.job_name, request)
-        names = list(requests)[:free]
+        changes: set[int] = set()
+        for request in pending_requests(
+            self.using, idle if free else [], now, self._changes_since
+        ):
+            if request.action == JobControl.Action.CHANGE:
+                changes.add(request.pk)
+            else:
+                requests.setdefault(request.job_name, request)
+        if changes - self._changes_seen:
+            self.follow_schedule()
+        self._changes_since, self._changes_seen = now - CHANGE_MARGIN, changes
+        names = [name for name in requests if name in self.entries][:free]
         if not names or self.stopping:
             return
         for name in self.claims.claim(names):
             self.start(self.entries[name], requests[name].slot, manual=True)
 
     def follow_schedule(self, *, say: bool = True) -> None:
-        """Take up the changes of the stored entries (``scheduling.stored``): one statement
-        when there is none, two when there is. A stored entry that can't be scheduled (its
-        callable gone, its name now in ``SCHEDULE``) is left out, and ``say`` says so once."""
-        if not self.stored.changed():
-            return
-        stored, problems = self.stored.load()
+        """Read the stored entries (``scheduling.stored``: one statement) and take up their
+        changes. A stored entry that can't be scheduled (its callable gone, its name now in
+        ``SCHEDULE``) is left out, and ``say`` says so once."""
+        if self._changes_since is None:
+            # A change stamped before this read may commit after it: looked for from then.
+            self._changes_since = self.now() - CHANGE_MARGIN
+        stored, problems = stored_entries(self.using)
         for problem in problems:
             if say and problem not in self._stored_problems:
                 self.say(f"run_jobs: a stored entry is not scheduled: {problem}")

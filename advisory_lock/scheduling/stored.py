@@ -9,19 +9,14 @@ the same messages (naming the table instead of the setting): in the admin's form
 A stored entry is paused and run now as any entry (``scheduling.control``), on the ledger's
 database, where its rows are.
 
-How a live scheduler follows the rows (``StoredSchedule``):
-
-- every ``save()`` and ``delete()`` (a queryset's ``delete()`` too: Django sends
-  ``post_delete`` for each row when a receiver listens) stamps nothing on the others, but
-  sends a notification (``SCHEDULE_CHANGED``) in the writing transaction: PostgreSQL
-  delivers it when that transaction commits, never if it rolls back, and a scheduler that
-  hears it reads the rows again at once;
-- every poll interval (and once a minute on PostgreSQL while it hears the notifications) a
-  scheduler reads the rows' version, one aggregate for all of them: their number, their latest
-  ``updated_at`` and the sum of their ``revision`` (one more at each save). An insert or a
-  delete changes the number, a save the sum; only on a change are the rows read again (one
-  more statement). ``QuerySet.update()`` and raw SQL change neither and announce nothing:
-  a scheduler sees such a change at the next save of an entry, or when it restarts.
+How a live scheduler follows the rows: every ``save()`` and ``delete()`` (a queryset's
+``delete()`` too: Django sends ``post_delete`` for each row when a receiver listens) writes a
+row of ``job_controls`` (``control.record_change``) and sends a notification, both in the
+writing transaction. On PostgreSQL the schedulers hear it when that transaction commits (never
+if it rolls back) and read the rows again at once; elsewhere their look for run-now requests,
+every poll interval, finds the change's row in the same statement, and they read the rows
+again (one statement, on a change only). ``QuerySet.update()`` and raw SQL record nothing: a
+scheduler sees such a change at the next change of an entry, or when it restarts.
 """
 
 from __future__ import annotations
@@ -34,9 +29,6 @@ from django.core.exceptions import ValidationError
 from django.db import connections
 from django.db import models
 from django.db import router
-from django.db.models import Count
-from django.db.models import Max
-from django.db.models import Sum
 from django.db.models.signals import post_delete
 from django.db.models.signals import post_save
 from django.dispatch import receiver
@@ -53,8 +45,7 @@ from advisory_lock.schedule import Entry
 from advisory_lock.schedule import entries
 from advisory_lock.schedule import entry_from
 from advisory_lock.schedule import entry_problems
-from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
-from advisory_lock.scheduling.notifications import notify
+from advisory_lock.scheduling.control import record_change
 
 #: The table of the stored entries: what their problems name them by, as ``SETTING`` does
 #: the setting's (``job_schedule_entries['poll']['every'] must be ...``).
@@ -105,8 +96,6 @@ class StoredEntry(models.Model):
     atomic = models.BooleanField(default=False)
     created_at = models.DateTimeField(editable=False, help_text="By the database server's clock.")
     updated_at = models.DateTimeField(editable=False, help_text="By the database server's clock.")
-    #: One more at each save: what a scheduler's look at the rows' version counts on.
-    revision = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         db_table = TABLE
@@ -151,22 +140,21 @@ class StoredEntry(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save a valid row (else ``ValidationError``, as ``clean``), stamped with the
-        database server's clock and one more ``revision``."""
+        database server's clock."""
         self.clean()
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         now = to_field(inspector_for(connections[using]).database_now())
         if self.created_at is None:
             self.created_at = now
         self.updated_at = now
-        self.revision += 1
         super().save(*args, **kwargs)
 
 
 @receiver(post_save, sender=StoredEntry)
 @receiver(post_delete, sender=StoredEntry)
 def _announce(sender: type[StoredEntry], instance: StoredEntry, using: str, **kwargs: Any) -> None:
-    """Tell the live schedulers (PostgreSQL): heard when the writing transaction commits."""
-    notify(using, SCHEDULE_CHANGED, instance.name)
+    """Tell the live schedulers, with the writing transaction (``control.record_change``)."""
+    record_change(using, instance.name)
 
 
 def _in_settings(name: str) -> bool:
@@ -212,33 +200,3 @@ def all_entries(using: str) -> dict[str, Entry]:
     configured = entries()
     stored, _ = stored_entries(using)
     return {**stored, **configured}
-
-
-class StoredSchedule:
-    """The stored entries of ``using``, as a scheduler follows them: ``changed()`` looks at
-    their version (one statement; none before the first ``load()``), ``load()`` reads them
-    (one statement) and keeps their version."""
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.version: tuple[Any, ...] | None = None
-
-    def changed(self) -> bool:
-        """Have the rows changed since the last ``load()`` (always, before the first)?"""
-        if self.version is None:
-            return True
-        seen = StoredEntry.objects.using(self.using).aggregate(
-            count=Count("pk"), latest=Max("updated_at"), revisions=Sum("revision")
-        )
-        return (seen["count"], seen["latest"], seen["revisions"]) != self.version
-
-    def load(self) -> tuple[dict[str, Entry], list[str]]:
-        """The entries to schedule and the problems of the others (``stored_entries``); their
-        version kept, as ``changed()`` reads it (a sum is None over no rows, as in SQL)."""
-        rows = list(StoredEntry.objects.using(self.using))
-        self.version = (
-            len(rows),
-            max((row.updated_at for row in rows), default=None),
-            sum(row.revision for row in rows) if rows else None,
-        )
-        return _schedulable(rows)

@@ -431,13 +431,20 @@ def test_a_stored_entry_whose_name_the_settings_took_is_not_scheduled_and_said_s
     assert output(schedulers, process).count(said) == 1
 
 
-def test_the_command_lines_controls_know_the_stored_entries(using, stored, controls):  # noqa: F811
+def test_the_command_line_knows_the_stored_entries(using, stored, controls):  # noqa: F811
     stored.create(name="report", callable=f"{JOBS}.tick", every=60)
     status, out, _ = command("run_jobs", "--pause", "report", "--database", using)
     assert (status, out.splitlines()) == (0, ["run_jobs: report paused (fleet-wide)."])
     assert is_paused(using, "report")
+    status, out, _ = command("job_runs", "--timeline", "report", "--json", "--database", using)
+    assert status == 0 and {slot["outcome"] for slot in json.loads(out)} <= {"paused", "missed"}
+    status, out, _ = command("run_jobs", "--list", "--json", "--database", using)
+    [listed] = json.loads(out)
+    assert (listed["name"], listed["paused"]) == ("report", True)
     with pytest.raises(CommandError, match="nor has job_schedule_entries"):
         command("run_jobs", "--pause", "nope", "--database", using)
+    with pytest.raises(CommandError, match="nor has job_schedule_entries"):
+        command("job_runs", "--timeline", "nope", "--database", using)
 
 
 def test_the_look_for_requests_finds_the_changes_of_stored_entries_in_the_same_statement(

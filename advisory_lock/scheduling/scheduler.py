@@ -24,6 +24,11 @@ entries, each as a slot of its own (``manual:<time>``) whose job process waits f
 entry's lock: a run of the entry going on elsewhere finishes first, and the ledger's claim
 lets one scheduler's worker run it.
 
+The entries are ``SCHEDULE``'s and those stored in the database (``scheduling.stored``),
+read at start and again at each change of one: announced on PostgreSQL, and found by the look
+for requests elsewhere, in its statement. A run going on when its entry changes goes on with
+the entry it was given; the entry's next slot is the new entry's.
+
 Idle, a scheduler costs the database next to nothing, whatever the number of its entries
 (docs/scheduler.md, "What a scheduler costs"): one connection, kept; the server's clock read
 once a minute and counted on with the monotonic clock between (``now``); one UPDATE a
@@ -266,8 +271,8 @@ class Scheduler:
         # Look for requests at the next pass: one was announced (or may have been, unheard),
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
-        # Read the stored entries at the next pass: at the first, and once a change was
-        # announced or found (``start_requested``), or may have gone unheard.
+        # Read the stored entries at the next pass: at the first, and once a change of one
+        # was announced (a change found by the look for requests is read at once).
         self._reread_now = True
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
         # The database server's clock as last read, and time.monotonic() just after the

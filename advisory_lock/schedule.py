@@ -185,7 +185,7 @@ def entries() -> dict[str, Entry]:
     problems = schedule_problems()
     if problems:
         raise ValueError(problems[0])
-    return {name: entry_from(name, options) for name, options in get_setting("SCHEDULE").items()}
+    return {name: _entry(name, options) for name, options in get_setting("SCHEDULE").items()}
 
 
 def usable_entries() -> dict[str, Entry]:
@@ -193,16 +193,21 @@ def usable_entries() -> dict[str, Entry]:
     report): for the overdue report and pruning, which must not lose every entry to one."""
     setting = get_setting("SCHEDULE")
     return {
-        name: entry_from(name, options)
+        name: _entry(name, options)
         for name, options in (setting.items() if isinstance(setting, dict) else ())
         if not entry_problems(name, options)
     }
 
 
 def entry_from(name: str, options: dict[str, Any]) -> Entry:
-    """The ``Entry`` of a valid entry (``entry_problems`` finds nothing wrong with it): each
-    key is the field of its name (the entry's lists and dicts made tuples, so that an
-    ``Entry`` is hashable and can't change)."""
+    """The ``Entry`` of a valid entry kept elsewhere than the setting, with the keys of one
+    (``scheduling.stored``): ``entry_problems`` finds nothing wrong with it."""
+    return _entry(name, options)
+
+
+def _entry(name: str, options: dict[str, Any]) -> Entry:
+    """The ``Entry`` of a valid entry: each key is the field of its name (the entry's lists
+    and dicts made tuples, so that an ``Entry`` is hashable and can't change)."""
     values = dict(options)
     if "args" in values:
         values["args"] = tuple(values["args"])

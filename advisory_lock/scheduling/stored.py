@@ -21,7 +21,6 @@ scheduler sees such a change at the next change of an entry, or when it restarts
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -180,13 +179,9 @@ def stored_entries(using: str) -> tuple[dict[str, Entry], list[str]]:
     """The stored entries of ``using`` that can be scheduled (one statement), and the
     problems of those that can't (a callable gone in a deploy, a name now in ``SCHEDULE``):
     those are left out, whatever their problem, and the others scheduled."""
-    return _schedulable(StoredEntry.objects.using(using))
-
-
-def _schedulable(rows: Iterable[StoredEntry]) -> tuple[dict[str, Entry], list[str]]:
     valid: dict[str, Entry] = {}
     problems: list[str] = []
-    for row in rows:
+    for row in StoredEntry.objects.using(using):
         if found := row.problems():
             problems += found
         else:

@@ -1,6 +1,7 @@
 """The admin of the job_runs ledger: the runs (read-only), the held locks, the schedule's
 control room (live schedulers, each entry's health, pause / resume, run now, each entry's slot
-timeline), and the operators' requests (read-only).
+timeline), and the operators' requests (read-only); the stored schedule entries' own pages are
+``advisory_lock.scheduling.admin``'s, registered here.
 
 Every time is shown one way (``advisory_lock.datetimes.shown``: the current time zone, to the
 second), and each page names the zone once."""
@@ -51,7 +52,7 @@ from advisory_lock.ledger import first_line
 from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
-from advisory_lock.schedule import entries as schedule_entries
+from advisory_lock.scheduling.admin import StoredEntryAdmin
 from advisory_lock.scheduling.control import MAX_REASON_LENGTH
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import NoSchedulerAlive
@@ -65,6 +66,9 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.scheduler import Scheduler
+from advisory_lock.scheduling.stored import TABLE
+from advisory_lock.scheduling.stored import StoredEntry
+from advisory_lock.scheduling.stored import all_entries
 from advisory_lock.scheduling.timeline import MISSED
 from advisory_lock.scheduling.timeline import PAUSED
 from advisory_lock.scheduling.timeline import SlotOutcome
@@ -366,7 +370,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         try:
             # A missing table raises LedgerNotMigrated, which these excepts let through.
             with ledger_checked(app_aliases()):
-                entries = schedule_entries()
+                entries = all_entries(using)
                 rows = Scheduler(entries, using=using).listing()
                 overdue = {job.job_name: job for job in overdue_jobs(using)}
                 paused = latest_pauses(using, entries)
@@ -426,15 +430,18 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         name = request.POST.get("entry", "")
         back = HttpResponseRedirect(reverse("admin:advisory_lock_jobrun_schedule"))
+        using = router.db_for_write(JobControl)
         try:
-            entries = schedule_entries()
+            entries = all_entries(using)
         except ValueError as error:
             messages.error(request, str(error))
             return back
         if name not in entries:
-            messages.error(request, f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+            messages.error(
+                request,
+                f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE}.",
+            )
             return back
-        using = router.db_for_write(JobControl)
         who = f"admin user {request.user.get_username()!r}"
         reason = request.POST.get("reason", "")
         try:
@@ -475,14 +482,18 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "opts": self.model._meta,
         }
         try:
-            entry = schedule_entries().get(name)
-            if entry is None:
-                raise ValueError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
-            since = parse_since(context["since"]) if context["since"] else None
+            using = router.db_for_read(JobRun)
             # A missing table raises LedgerNotMigrated, which the except lets through.
             with ledger_checked(app_aliases()):
-                slots = timeline(entry, router.db_for_read(JobRun), since)
-                seen = first_seen(router.db_for_read(JobRun), [name]).get(name)
+                entry = all_entries(using).get(name)
+            if entry is None:
+                raise ValueError(
+                    f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE}."
+                )
+            since = parse_since(context["since"]) if context["since"] else None
+            with ledger_checked(app_aliases()):
+                slots = timeline(entry, using, since)
+                seen = first_seen(using, [name]).get(name)
         except (ValueError, DatabaseError) as error:
             context["error"] = str(error)
             return TemplateResponse(request, "admin/advisory_lock/timeline.html", context)
@@ -707,3 +718,6 @@ def _latest_runs(using: str) -> dict[Any, JobRun]:
         with contextlib.suppress(ValueError, TypeError, ImproperlyConfigured):
             latest.setdefault(backend.db_key(LockKey.from_identity(run.lock_key)), run)
     return latest
+
+
+admin.site.register(StoredEntry, StoredEntryAdmin)

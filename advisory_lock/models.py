@@ -4,6 +4,8 @@ Each is defined in the module of its concept, with the operations on its rows: `
 (the ``job_runs`` ledger) in ``advisory_lock.ledger``, ``JobControl`` (operators' pause,
 resume and run-now requests, ``job_controls``) in ``advisory_lock.scheduling.control``,
 ``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.scheduling.liveness``,
+``StoredEntry`` (``job_schedule_entries``, schedule entries added at run time) in
+``advisory_lock.scheduling.stored``,
 ``PendingTask`` (``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``,
 ``LockFence`` (``lock_fences``, the fencing tokens of ``advisory_lock(fencing=True)``) in
 ``advisory_lock.fencing``, and ``EntrySeen`` (``job_entries_seen``, when a scheduler first
@@ -16,6 +18,7 @@ from advisory_lock.ledger import JobRunQuerySet
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
+from advisory_lock.scheduling.stored import StoredEntry
 from advisory_lock.tasks import PendingTask
 
 __all__ = [
@@ -26,4 +29,5 @@ __all__ = [
     "LockFence",
     "PendingTask",
     "SchedulerHeartbeat",
+    "StoredEntry",
 ]

@@ -204,6 +204,12 @@ def usable_entries() -> dict[str, Entry]:
     }
 
 
+def entry_from(name: str, options: dict[str, Any]) -> Entry:
+    """The ``Entry`` of a valid entry kept elsewhere than the setting, with the keys of one
+    (``scheduling.stored``): ``entry_problems`` finds nothing wrong with it."""
+    return _entry(name, options)
+
+
 def _entry(name: str, options: dict[str, Any]) -> Entry:
     """The ``Entry`` of a valid entry: each key is the field of its name (the entry's lists
     and dicts made tuples, so that an ``Entry`` is hashable and can't change)."""
@@ -217,19 +223,23 @@ def _entry(name: str, options: dict[str, Any]) -> Entry:
     return Entry(name=name, **values)
 
 
-def entry_problems(name: object, options: object) -> list[str]:
+#: What the problems of an entry of ``ADVISORY_LOCK["SCHEDULE"]`` name it by.
+SETTING = "ADVISORY_LOCK['SCHEDULE']"
+
+
+def entry_problems(name: object, options: object, *, schedule: str = SETTING) -> list[str]:
     """What is wrong with one SCHEDULE entry (for the system checks); empty if it is fine.
+    ``schedule`` names the schedule the entry is in, in each message (``SETTING``, or the
+    table of the entries stored in the database): the messages are the same for both.
 
     Every value the entry makes the ledger store is checked against the ledger's columns: its
     name is the job name of its runs (and names their lock), and its numbers must make dates
     and timedeltas (``MAX_SECONDS``) and attempts (``MAX_RETRIES``) the code can compute.
     """
     if not isinstance(name, str) or not name.strip():
-        return [
-            f"ADVISORY_LOCK['SCHEDULE'] has an entry name that is not a non-blank str: {name!r}."
-        ]
+        return [f"{schedule} has an entry name that is not a non-blank str: {name!r}."]
     shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
-    where = f"ADVISORY_LOCK['SCHEDULE'][{shown}]"
+    where = f"{schedule}[{shown}]"
     try:
         check_job_name(name, "its name")
     except ValueError as error:

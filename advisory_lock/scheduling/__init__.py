@@ -5,6 +5,8 @@ nothing here):
 
 - ``scheduler``: the loop behind ``run_jobs``: due slots, job processes, the sweep;
 - ``control``: operators' pause, resume and run-now requests (``JobControl``);
+- ``stored``: the schedule entries stored in the database (``StoredEntry``), and ``admin``,
+  their admin pages;
 - ``liveness``: the schedulers' heartbeats (``SchedulerHeartbeat``);
 - ``notifications``: PostgreSQL's LISTEN/NOTIFY that wakes a scheduler for a request;
 - ``timeline``, ``overdue``: what the schedule and the declared jobs expect of the ledger;

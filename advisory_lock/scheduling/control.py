@@ -1,4 +1,5 @@
-"""Operators' requests to the scheduled jobs: pause, resume, run now (``job_controls``).
+"""Operators' requests to the scheduled jobs: pause, resume, run now (``job_controls``); and
+the changes of the stored entries.
 
 Each request is a row, kept: the table is the entries' history as well as their state, on the
 ledger's database, so that it holds fleet-wide and across restarts. Every time is the database
@@ -14,6 +15,10 @@ server's, as in the ledger.
   next poll and starts a job process for it, whose claim lets one of them in (as for any
   slot). A request is refused when no scheduler is alive (``advisory_lock.scheduling.liveness``):
   nobody would run it, and a scheduler started days later should not.
+- **A change of a stored entry** (``scheduling.stored``: saved or deleted): a row too,
+  committed with the change. The live schedulers' look for run-now requests finds the rows of
+  the changes too, in the same statement (``pending_requests``), and they read the stored
+  entries again: a change costs an idle scheduler no statement of its own.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from advisory_lock.periods import ledger_time_zone
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.notifications import CONTROL
+from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
 from advisory_lock.scheduling.notifications import notify
 from advisory_lock.validation import check_text
 
@@ -51,6 +57,10 @@ MANUAL = "manual:"
 REQUEST_EXPIRES = datetime.timedelta(hours=1)
 #: The longest reason an operator can give for a request (``JobControl.reason``).
 MAX_REASON_LENGTH = 500
+#: How long after its row was stamped a change of a stored entry may commit and still be
+#: found by the look for requests (``pending_requests``): a row is stamped with the database's
+#: clock in the change's transaction, before it commits.
+CHANGE_MARGIN = datetime.timedelta(minutes=1)
 
 
 class NoSchedulerAlive(AdvisoryLockError):
@@ -64,6 +74,7 @@ class JobControl(models.Model):
         PAUSE = "pause", "pause"
         RESUME = "resume", "resume"
         RUN_NOW = "run_now", "run now"
+        CHANGE = "change", "change of a stored entry"
 
     job_name = models.CharField(max_length=200, help_text="The SCHEDULE entry's name.")
     action = models.CharField(max_length=16, choices=Action.choices)
@@ -271,6 +282,16 @@ def request_run(using: str, job_name: str, requested_by: str, reason: str = "") 
     return request
 
 
+def record_change(using: str, job_name: str) -> JobControl:
+    """Record that the stored entry ``job_name`` was saved or deleted, and announce it: both
+    committed with the caller's transaction (at once in autocommit)."""
+    row = JobControl.objects.using(using).create(
+        job_name=job_name, action=Action.CHANGE, requested_at=to_field(_now(using))
+    )
+    notify(using, SCHEDULE_CHANGED, job_name)  # heard when the row is committed
+    return row
+
+
 def run_going_on(using: str, job_name: str) -> JobRun | None:
     """The latest run of ``job_name`` that the ledger shows going on (``running``), or None:
     a run-now request's run waits for its lock, so it starts when that run ends."""
@@ -283,20 +304,23 @@ def run_going_on(using: str, job_name: str) -> JobRun | None:
 
 
 def pending_requests(
-    using: str, job_names: Iterable[str], now: datetime.datetime
+    using: str,
+    job_names: Iterable[str],
+    now: datetime.datetime,
+    changes_since: datetime.datetime | None = None,
 ) -> list[JobControl]:
-    """The run-now requests of ``job_names`` whose slot has no attempt yet, oldest first
-    (at most ``REQUEST_EXPIRES`` old)."""
+    """The run-now requests of ``job_names`` whose slot has no attempt yet (at most
+    ``REQUEST_EXPIRES`` old), and with ``changes_since`` the changes of stored entries
+    stamped since then, oldest first: one statement."""
     attempted = JobRun.objects.using(using).filter(
         job_name=OuterRef("job_name"), period=OuterRef("slot")
     )
-    return list(
-        JobControl.objects.using(using)
-        .filter(
-            action=Action.RUN_NOW,
-            job_name__in=list(job_names),
-            requested_at__gte=to_field(now - REQUEST_EXPIRES),
-        )
-        .exclude(Exists(attempted))
-        .order_by("requested_at", "pk")
+    wanted = Q(
+        ~Exists(attempted),
+        action=Action.RUN_NOW,
+        job_name__in=list(job_names),
+        requested_at__gte=to_field(now - REQUEST_EXPIRES),
     )
+    if changes_since is not None:
+        wanted |= Q(action=Action.CHANGE, requested_at__gte=to_field(changes_since))
+    return list(JobControl.objects.using(using).filter(wanted).order_by("requested_at", "pk"))

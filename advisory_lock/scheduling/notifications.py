@@ -1,18 +1,19 @@
 """Notifications between the processes of a fleet, where the database has them
 (PostgreSQL's LISTEN/NOTIFY).
 
-Operators' requests (pause, resume, run now) are announced on the channel ``advisory_lock``
-(``notify``); a scheduler listens (``Listening``) and acts at once instead of at its next
-poll. A notification is a shortcut, never the only way: a scheduler still polls, and one that
-can't listen (another database, a lost connection, a transaction-mode pooler in the way) just
-polls (once a minute while it hears them). The ends of runs are not announced: a scheduler
+Operators' requests (pause, resume, run now) and the changes of the stored schedule entries
+are announced on the channel ``advisory_lock`` (``notify``); a scheduler listens
+(``Listening``) and acts at once instead of at its next poll. A notification is a shortcut,
+never the only way: a scheduler still polls, and one that can't listen (another database, a
+lost connection, a transaction-mode pooler in the way) just polls (once a minute while it
+hears them). The ends of runs are not announced: a scheduler
 looks at its clock at every pass, 5 times a second, and at the ledger for the slots due and
 not yet settled, so it acts on a slot's end within 0.2 s without a NOTIFY.
 
 - PostgreSQL delivers a notification to every listening session when the transaction that
   sent it commits, and never one that rolled back: a request is heard once its row is there.
 - NOTIFY serialises the commits of the transactions that send one: only an operator's
-  request sends one.
+  request (or change of a stored entry) sends one.
 - At most one listening connection per process and alias (a scheduler is alone in its
   process), opened at the first wait, on the alias that reaches the database directly
   (``DIRECT_ALIAS``): a transaction-mode pooler would hand the listening session to other
@@ -59,6 +60,9 @@ RECONNECT_AFTER = 1.0
 LISTENING = "listening:"
 #: The kind of notification: an operator's request for an entry.
 CONTROL = "control"
+#: The kind of notification: a stored schedule entry was saved or deleted
+#: (``scheduling.stored``): the schedulers read the stored entries again.
+SCHEDULE_CHANGED = "schedule"
 #: The kind of notification: a new listening connection's test that it hears (``kind:token``).
 PROBE = "probe"
 #: How long, in seconds, a new listening connection may take to hear its test notification

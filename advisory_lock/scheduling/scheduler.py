@@ -24,6 +24,11 @@ entries, each as a slot of its own (``manual:<time>``) whose job process waits f
 entry's lock: a run of the entry going on elsewhere finishes first, and the ledger's claim
 lets one scheduler's worker run it.
 
+The entries are ``SCHEDULE``'s and those stored in the database (``scheduling.stored``),
+read at start and again at each change of one: announced on PostgreSQL, and found by the look
+for requests elsewhere, in its statement. A run going on when its entry changes goes on with
+the entry it was given; the entry's next slot is the new entry's.
+
 Idle, a scheduler costs the database next to nothing, whatever the number of its entries
 (docs/scheduler.md, "What a scheduler costs"): one connection, kept; the server's clock read
 once a minute and counted on with the monotonic clock between (``now``); one UPDATE a
@@ -77,6 +82,7 @@ from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.alerts import missed_before
 from advisory_lock.scheduling.alerts import slot_failed
 from advisory_lock.scheduling.claims import Claims
+from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.control import pauses_of
@@ -88,9 +94,11 @@ from advisory_lock.scheduling.liveness import heartbeat_interval
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
+from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
 from advisory_lock.scheduling.notifications import Listening
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.outages import is_refusal
+from advisory_lock.scheduling.stored import stored_entries
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.scheduling.workers import FAILED
@@ -189,7 +197,9 @@ class Boundary(NamedTuple):
 
 
 class Scheduler:
-    """Runs the due slots of ``entries`` on the ledger of the database ``using``."""
+    """Runs the due slots of ``entries`` (``ADVISORY_LOCK["SCHEDULE"]``'s) and of the entries
+    stored in the database ``using`` (``scheduling.stored``: followed while it runs) on the
+    ledger of ``using``."""
 
     def __init__(
         self,
@@ -201,8 +211,15 @@ class Scheduler:
         workers: int = DEFAULT_WORKERS,
         say: Callable[[str], None] = print,
     ) -> None:
-        self.entries = entries
+        self.configured = dict(entries)  # the settings': they win a name (see ``stored``)
+        self.entries = dict(entries)  # and the stored ones, once read (``follow_schedule``)
+        self._stored_problems: set[str] = set()  # said once each
+        # The changes of stored entries to look for (``start_requested``): those stamped
+        # since this moment, less those already seen (the ids of the last look's).
+        self._changes_since: datetime.datetime | None = None
+        self._changes_seen: set[int] = set()
         self.using = using
+        self.workers = workers
         self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
@@ -258,6 +275,9 @@ class Scheduler:
         # Look for requests at the next pass: one was announced (or may have been, unheard),
         # or a run of ours ended (a request for its entry waited for it here).
         self._poll_now = False
+        # Read the stored entries at the next pass: at the first, and once a change of one
+        # was announced (a change found by the look for requests is read at once).
+        self._reread_now = True
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
         # The database server's clock as last read, and time.monotonic() just after the
         # answer came: ``now()`` adds the monotonic time since (see ``now``).
@@ -281,7 +301,11 @@ class Scheduler:
                 try:
                     self.reap()
                     self.beat_if_due()
-                    self.first_seen.note(self.entries, self.now)  # a statement at start only
+                    if self._reread_now:
+                        self._reread_now = False
+                        self.follow_schedule()
+                    # The entries first seen now (none, after the first pass): a statement.
+                    self.first_seen.note(self.entries, self.now)
                     if self._poll_now or self._polls_now(polled_at):
                         self._poll_now = False
                         self.start_requested()
@@ -318,6 +342,7 @@ class Scheduler:
         First, record how the tasks that earlier runs enqueued have ended, as far as their
         queues tell (a fleet of ``--once`` runs from cron follows its tasks one run late).
         A slot whose entry another scheduler has claimed is left to it."""
+        self.follow_schedule()
         self.follow_tasks()
         self.first_seen.note(self.entries, self.now)
         pending = {name: self.due_slots(entry, self.now()) for name, entry in self.entries.items()}
@@ -433,6 +458,12 @@ class Scheduler:
             # at the next two heartbeats, not in a minute.
             self._shares_left = 2
         self._rank, self._fleet_size = rank, size
+        self._reorder()
+
+    def _reorder(self) -> None:
+        """``_order`` and ``_own`` of the entries, by the rank and size of the fleet as last
+        counted (``share``): no statement."""
+        rank, size = self._rank, self._fleet_size
         own = [name for name in self.entries if zlib.crc32(name.encode()) % size == rank]
         others = [name for name in self.entries if zlib.crc32(name.encode()) % size != rank]
         random.shuffle(own)
@@ -485,10 +516,13 @@ class Scheduler:
     def _heard(self, payloads: list[str]) -> bool:
         """True, and requests to be looked for at once, if a notification concerns us: a
         request for one of our entries, or a new listening connection (requests made while
-        there was none went unheard)."""
+        there was none went unheard, and so did changes of stored entries: that look finds
+        them too); the stored entries to be read again at once if one of them changed."""
         concerns = False
         for payload in payloads:
             kind, _, name = payload.partition(":")
+            if kind == SCHEDULE_CHANGED:  # any name: a new entry is not among ours yet
+                self._reread_now = concerns = True
             if payload == LISTENING or (kind == CONTROL and name in self.entries):
                 self._poll_now = concerns = True
                 if name in self.children:
@@ -635,21 +669,80 @@ class Scheduler:
     def start_requested(self) -> None:
         """Start the pending run-now requests of the entries that have no run going here,
         each once its entry is claimed here (a request of an entry claimed elsewhere waits
-        for the next look)."""
+        for the next look); and read the stored entries again if the same statement finds a
+        change of one not seen yet. A change is looked for from ``CHANGE_MARGIN`` before the
+        last look on: a change's row is stamped before it commits, at most that long before
+        (see ``control.CHANGE_MARGIN``), so one that commits after a look is found by the
+        next."""
+        free = len(self.pool.idle())
         idle = [
             name for name in self.entries if not self.busy(name) and not self._holds_back(name)
         ]
-        free = len(self.pool.idle())
-        if not idle or not free:
-            return
+        now = self.now()
         requests: dict[str, JobControl] = {}
-        for request in pending_requests(self.using, idle, self.now()):
-            requests.setdefault(request.job_name, request)
-        names = list(requests)[:free]
+        changes: set[int] = set()
+        for request in pending_requests(
+            self.using, idle if free else [], now, self._changes_since
+        ):
+            if request.action == JobControl.Action.CHANGE:
+                changes.add(request.pk)
+            else:
+                requests.setdefault(request.job_name, request)
+        if changes - self._changes_seen:
+            self.follow_schedule()
+        self._changes_since, self._changes_seen = now - CHANGE_MARGIN, changes
+        names = [name for name in requests if name in self.entries][:free]
         if not names or self.stopping:
             return
         for name in self.claims.claim(names):
             self.start(self.entries[name], requests[name].slot, manual=True)
+
+    def follow_schedule(self, *, say: bool = True) -> None:
+        """Read the stored entries (``scheduling.stored``: one statement) and take up their
+        changes. A stored entry that can't be scheduled (its callable gone, its name now in
+        ``SCHEDULE``) is left out, and ``say`` says so once."""
+        if self._changes_since is None:
+            # A change stamped before this read may commit after it: looked for from then.
+            self._changes_since = self.now() - CHANGE_MARGIN
+        stored, problems = stored_entries(self.using)
+        for problem in problems:
+            if say and problem not in self._stored_problems:
+                self.say(f"run_jobs: a stored entry is not scheduled: {problem}")
+        self._stored_problems = set(problems)
+        entries = {**stored, **self.configured}
+        changed = {
+            name
+            for name in self.entries.keys() | entries.keys()
+            if self.entries.get(name) != entries.get(name)
+        }
+        if not changed:
+            return
+        # A run going on here of a changed or deleted entry goes on with the entry it was
+        # given, and ends recorded (fenced by its row) as any run; the next slot is the new
+        # entry's. The slots claimed for them and not started are let go.
+        waiting = [name for name in changed if name in self._ready]
+        for name in waiting:
+            del self._ready[name]
+        self.claims.release(waiting)
+        for name in changed:
+            self._due.pop(name, None)
+            self._quiet.pop(name, None)
+            self._held_back.pop(name, None)
+        self._settled = {slot for slot in self._settled if slot[0] not in changed}
+        self._elsewhere = {slot for slot in self._elsewhere if slot[0] not in changed}
+        self._next_boundary = None
+        added, removed = entries.keys() - self.entries.keys(), self.entries.keys() - entries.keys()
+        self.entries = entries
+        self._reorder()
+        self.pool.size = max(1, min(self.workers, len(entries)))
+        if say:
+            for what, names in (
+                ("added", added),
+                ("changed", changed - added - removed),
+                ("removed", removed),
+            ):
+                if names:
+                    self.say(f"run_jobs: stored entries {what}: {', '.join(sorted(names))}.")
 
     def follow_tasks(self) -> None:
         """Record how the enqueued slots of the task entries ended (``TaskEnds``)."""
@@ -975,6 +1068,7 @@ class Scheduler:
 
     def listing(self) -> list[dict[str, Any]]:
         """Each entry with its next run and its last run, for ``run_jobs --list``."""
+        self.follow_schedule(say=False)
         now = self.now()
         rows = []
         for name, entry in self.entries.items():

@@ -20,10 +20,11 @@ from advisory_lock.models import JobRun
 from advisory_lock.own_connection import table_checked
 from advisory_lock.periods import MAX_JOB_NAME_LENGTH
 from advisory_lock.periods import MAX_PERIOD_LENGTH
-from advisory_lock.schedule import entries as schedule_entries
 from advisory_lock.scheduling.alerts import alert_no_scheduler_alive
 from advisory_lock.scheduling.overdue import overdue_jobs
 from advisory_lock.scheduling.pruning import prune
+from advisory_lock.scheduling.stored import TABLE
+from advisory_lock.scheduling.stored import all_entries
 from advisory_lock.scheduling.timeline import MAX_SLOTS
 from advisory_lock.scheduling.timeline import parse_since
 from advisory_lock.scheduling.timeline import timeline
@@ -190,11 +191,13 @@ class Command(BaseCommand):
         name = options["timeline"]
         text_option("--timeline", name, max_length=MAX_JOB_NAME_LENGTH)
         try:
-            entry = schedule_entries().get(name)
+            entry = all_entries(options["database"]).get(name)
         except ValueError as error:
             raise CommandError(f"{error} (manage.py check lists every problem).") from error
         if entry is None:
-            raise CommandError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+            raise CommandError(
+                f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE}."
+            )
         since = None
         if options["since"] is not None:
             try:

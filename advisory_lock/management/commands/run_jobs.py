@@ -30,6 +30,8 @@ from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.scheduler import Scheduler
+from advisory_lock.scheduling.stored import TABLE
+from advisory_lock.scheduling.stored import all_entries
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
 from advisory_lock.tables import format_table
 from advisory_lock.validation import database_option
@@ -40,8 +42,8 @@ from advisory_lock.validation import whole_number_argument
 
 class Command(BaseCommand):
     help = (
-        "Run the jobs of ADVISORY_LOCK['SCHEDULE'] when they fall due. Run it on every "
-        "instance: the ledger runs each slot at most once fleet-wide."
+        "Run the jobs of ADVISORY_LOCK['SCHEDULE'] and the stored schedule entries when they "
+        "fall due. Run it on every instance: the ledger runs each slot at most once fleet-wide."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -197,8 +199,11 @@ class Command(BaseCommand):
             self.stdout.write(f"run_jobs: {len(live)} scheduler(s) alive.")
             return
         name = options["pause"] or options["resume"] or options["run_now"]
-        if name not in schedule:
-            raise CommandError(f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}.")
+        if name not in schedule and name not in all_entries(using):
+            raise CommandError(
+                f"ADVISORY_LOCK['SCHEDULE'] has no entry named {name!r}, nor has {TABLE} "
+                f"(the stored entries)."
+            )
         if options["run_now"]:
             try:
                 request = request_run(using, name, command_line_user(), options["reason"] or "")
@@ -225,7 +230,10 @@ class Command(BaseCommand):
         """Run the scheduler as the options ask: for ever, once, or list."""
         if not (options["list"] or options["once"]):
             if not scheduler.entries:
-                self.stderr.write("run_jobs: ADVISORY_LOCK['SCHEDULE'] is empty: nothing to run.")
+                self.stderr.write(
+                    f"run_jobs: ADVISORY_LOCK['SCHEDULE'] is empty: only the stored entries "
+                    f"({TABLE}, the admin's) run."
+                )
             scheduler.run_forever()  # rides out database outages
             return
         # --list and --once end with the database out of reach: an error, no traceback (the

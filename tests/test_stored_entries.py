@@ -33,6 +33,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from advisory_lock import JobRun
+from advisory_lock.schedule import MAX_ALERT_AFTER
 from advisory_lock.schedule import MAX_RETRIES
 from advisory_lock.schedule import SETTING
 from advisory_lock.schedule import entry_problems
@@ -83,6 +84,12 @@ INVALID = {
     "zero timeout": {"callable": f"{JOBS}.tick", "every": 60, "timeout": 0.0},
     "negative grace": {"callable": f"{JOBS}.tick", "every": 60, "grace": -1.0},
     "timeout above a century": {"callable": f"{JOBS}.tick", "every": 60, "timeout": 1e12},
+    "alert_after 0": {"callable": f"{JOBS}.tick", "every": 60, "alert_after": 0},
+    "alert_after too large": {
+        "callable": f"{JOBS}.tick",
+        "every": 60,
+        "alert_after": MAX_ALERT_AFTER + 1,
+    },
 }
 
 
@@ -145,7 +152,7 @@ def token(client: Client, url: str) -> str:
 
 def form_data(name: str, options: dict) -> dict[str, str]:
     """What a browser posts for the entry ``name`` with ``options`` (the form's fields)."""
-    data = {"name": name, "catch_up": "latest", "retries": "1"}
+    data = {"name": name, "catch_up": "latest", "retries": "1", "alert_after": "3"}
     for key, value in options.items():
         if key in ("args", "kwargs"):
             data[key] = json.dumps(value)

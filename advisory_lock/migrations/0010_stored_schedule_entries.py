@@ -108,6 +108,13 @@ class Migration(migrations.Migration):
                 ),
                 ("atomic", models.BooleanField(default=False)),
                 (
+                    "alert_after",
+                    models.BigIntegerField(
+                        default=3,
+                        help_text="Slots that must all have failed to flag the entry as failing.",
+                    ),
+                ),
+                (
                     "created_at",
                     models.DateTimeField(
                         editable=False, help_text="By the database server's clock."

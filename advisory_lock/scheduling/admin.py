@@ -37,7 +37,10 @@ class StoredEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("What it runs: exactly one of", {"fields": ("command", "callable", "task")}),
         ("Its arguments", {"fields": ("args", "kwargs")}),
         ("When: exactly one of", {"fields": ("cron", "every")}),
-        ("Options", {"fields": ("catch_up", "retries", "timeout", "grace", "atomic")}),
+        (
+            "Options",
+            {"fields": ("catch_up", "retries", "timeout", "grace", "atomic", "alert_after")},
+        ),
         ("Changes", {"fields": ("created_at", "updated_at")}),
     )
     actions = ("pause", "resume")

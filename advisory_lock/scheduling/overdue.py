@@ -26,13 +26,16 @@ from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
+from advisory_lock.expectations import Expectation
 from advisory_lock.expectations import declared_jobs
 from advisory_lock.ledger import JobRun
+from advisory_lock.schedule import Entry
 from advisory_lock.schedule import usable_entries
 from advisory_lock.scheduling.control import fell_due_while_paused
 from advisory_lock.scheduling.health import failing
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
+from advisory_lock.scheduling.stored import stored_entries
 from advisory_lock.validation import check_alias
 
 
@@ -72,6 +75,23 @@ class OverdueJob:
         }
 
 
+def whole_schedule(using: str) -> dict[str, Entry]:
+    """The schedule's entries that can run: the settings' (a bad one is the system checks'
+    to report) and those stored on ``using`` (``scheduling.stored``)."""
+    return {**stored_entries(using)[0], **usable_entries()}
+
+
+def expected_jobs(using: str, schedule: dict[str, Entry] | None = None) -> dict[str, Expectation]:
+    """Every declared job (``declared_jobs``), and the stored entries of ``using`` with a
+    ``grace``: what the report checks."""
+    declared = declared_jobs()
+    for name, entry in (whole_schedule(using) if schedule is None else schedule).items():
+        if entry.grace is not None and name not in declared:  # a stored one
+            when = entry.cron or f"every {entry.every:g}s"
+            declared[name] = Expectation(name, when, entry.grace, entry)
+    return declared
+
+
 def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
     """The declared jobs that are overdue now, by the ledger on ``using``'s clock, and the
     scheduled entries that are failing, by job name. A scheduled entry's slot that fell due
@@ -81,7 +101,8 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
     now = inspector_for(connections[using]).database_now()
     runs = JobRun.objects.using(using)
     overdue = []
-    for job in sorted(declared_jobs().values(), key=lambda job: job.job_name):
+    schedule = whole_schedule(using)
+    for job in sorted(expected_jobs(using, schedule).values(), key=lambda job: job.job_name):
         latest = job.latest_slot(now)
         if latest is None:
             continue
@@ -98,7 +119,7 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
         last = last_success(runs, job.job_name)
         overdue.append(OverdueJob(job.job_name, job.period, missing, ended_at, last, reason))
     late = {job.job_name: number for number, job in enumerate(overdue)}
-    for name, entry in sorted(usable_entries().items()):
+    for name, entry in sorted(schedule.items()):
         failed = failing(entry, using)
         if failed is None:
             continue
@@ -107,12 +128,12 @@ def overdue_jobs(using: str | None = None) -> list[OverdueJob]:
             reason = "; ".join(filter(None, [known.reason, failed.reason]))
             overdue[late[name]] = replace(known, reason=reason, failing=True)
             continue
-        schedule = entry.cron or f"every {entry.every:g}s"
+        when = entry.cron or f"every {entry.every:g}s"
         latest = failed.latest
         overdue.append(
             OverdueJob(
                 name,
-                schedule,
+                when,
                 latest.period,
                 from_field(latest.started_at),
                 last_success(runs, name),

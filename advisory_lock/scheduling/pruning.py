@@ -46,13 +46,14 @@ from django.db.models import QuerySet
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import to_field
-from advisory_lock.expectations import declared_jobs
+from advisory_lock.expectations import Expectation
 from advisory_lock.ledger import JobRun
 from advisory_lock.periods import PERIODS
 from advisory_lock.periods import slot
 from advisory_lock.schedule import Entry
-from advisory_lock.schedule import usable_entries
+from advisory_lock.scheduling.overdue import expected_jobs
 from advisory_lock.scheduling.overdue import last_success
+from advisory_lock.scheduling.overdue import whole_schedule
 from advisory_lock.tasks import PendingTask
 
 #: Why an old finished run was kept, in the order they are counted.
@@ -93,12 +94,12 @@ def prune(using: str, older_than: datetime.timedelta) -> Pruned:
     unended = [JobRun.Status.RUNNING, JobRun.Status.ENQUEUED]
     running = set(old.filter(status__in=unended).values_list("pk", flat=True))
     jobs = set(old.values_list("job_name", flat=True).distinct())
-    schedule = usable_entries()  # a bad entry is the system checks' to report
+    schedule = whole_schedule(using)  # settings' and stored: their current slots are claimable
     keep: dict[int, str] = {}
     for reason, kept in (
         (CLAIMABLE, _claimable(rows, old, jobs, now, schedule.values())),
         (LATEST_SUCCESS, _latest_successes(rows, jobs)),
-        (CHECKED, _checked_by_the_report(old, jobs, now)),
+        (CHECKED, _checked_by_the_report(old, jobs, now, expected_jobs(using, schedule))),
     ):
         for pk in kept:
             keep.setdefault(pk, reason)
@@ -162,11 +163,11 @@ def _latest_successes(rows: QuerySet[Any], jobs: set[str]) -> list[int]:
 
 
 def _checked_by_the_report(
-    old: QuerySet[Any], jobs: set[str], now: datetime.datetime
+    old: QuerySet[Any], jobs: set[str], now: datetime.datetime, expected: dict[str, Expectation]
 ) -> list[int]:
     """The old successes of each declared job that the overdue report reads, now or later."""
     kept: list[int] = []
-    for job in declared_jobs().values():
+    for job in expected.values():
         since = job.checked_since(now) if job.job_name in jobs else None
         if since is not None:
             successes = old.filter(

@@ -93,6 +93,9 @@ class StoredEntry(models.Model):
         null=True, blank=True, help_text="Seconds: watched by the overdue report."
     )
     atomic = models.BooleanField(default=False)
+    alert_after = models.BigIntegerField(
+        default=3, help_text="Slots that must all have failed to flag the entry as failing."
+    )
     created_at = models.DateTimeField(editable=False, help_text="By the database server's clock.")
     updated_at = models.DateTimeField(editable=False, help_text="By the database server's clock.")
 

@@ -71,7 +71,7 @@ def test_the_superuser_logs_in_and_finds_the_job_runs(browser_page: Page, admin_
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(admin_site.url(JOB_RUNS))  # back where the login started
     expect(page.get_by_role("heading", name="Select job run to view")).to_be_visible()
-    page.get_by_role("link", name="Schedule").click()
+    page.get_by_role("link", name="Schedule", exact=True).click()
     expect(page).to_have_url(admin_site.url(SCHEDULE))
 
 

@@ -19,6 +19,7 @@ from django.db import DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from advisory_lock import directory
 from advisory_lock import metrics
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
@@ -128,6 +129,8 @@ class DedicatedLock:
             if acquired:
                 # At once: whatever fails from here on, let_go() knows there is a lock.
                 self.acquired_at = monotonic()
+        if directory.recorder is not None:  # no statement: see advisory_lock.directory
+            directory.recorder.note(self.backend, self.using, self.db_key, self.key)
         waited = monotonic() - started
         if metrics.recorder is not None:
             outcome = "acquired" if acquired else "timeout" if wait else "busy"

@@ -6,12 +6,15 @@ resume and run-now requests, ``job_controls``) in ``advisory_lock.scheduling.con
 ``SchedulerHeartbeat`` (``job_schedulers``) in ``advisory_lock.scheduling.liveness``, and
 ``PendingTask`` (``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``,
 and ``LockFence`` (``lock_fences``, the fencing tokens of ``advisory_lock(fencing=True)``) in
-``advisory_lock.fencing``.
+``advisory_lock.fencing``; ``LockName`` and ``LockClient`` (``lock_names``, ``lock_clients``:
+who holds what, as the holders tell it) in ``advisory_lock.lock_names``.
 """
 
 from advisory_lock.fencing import LockFence
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import JobRunQuerySet
+from advisory_lock.lock_names import LockClient
+from advisory_lock.lock_names import LockName
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from advisory_lock.tasks import PendingTask
@@ -20,7 +23,9 @@ __all__ = [
     "JobControl",
     "JobRun",
     "JobRunQuerySet",
+    "LockClient",
     "LockFence",
+    "LockName",
     "PendingTask",
     "SchedulerHeartbeat",
 ]

@@ -1,0 +1,218 @@
+"""Who holds what, as the holders tell it: the name behind each database key, and the client
+process (host name, OS pid) behind each server session.
+
+The database knows only its own side of a lock: PostgreSQL's ``pg_locks`` a 64-bit number and
+a backend pid, MySQL a lock name (hashed when long) and a connection id, and a MariaDB without
+``performance_schema`` can only be asked about names it is given. The program that takes the
+lock knows the rest. So the process tells it, once: the first time it uses a name on a
+database, and the first time it locks through a server session, ``note()`` queues a line for
+the directory's tables (``lock_names``, ``lock_clients``: ``advisory_lock.lock_names``), and a
+thread of the process writes the queue there on a connection of its own, committed at once,
+then closes that connection. The inspector (``advisory_lock.inspection``) reads them back.
+
+Why this shape, with a budget of a few percent on an uncontended acquire + release:
+
+- No statement on the lock's connection, ever: a write there would be a round trip per first
+  use, and inside the caller's transaction it would be rolled back with it, or abort it when
+  the table is missing. The lock's own statements are unchanged.
+- What the hot path adds is a few attribute reads and one set lookup (``note()``): a name
+  already noted, on a session already noted, costs nothing more. The set is bounded
+  (``MAX_NOTED_NAMES``) so per-tenant keys can't grow it without limit; a name forgotten is
+  noted again, which its row ignores.
+- The session's id is read from the driver, without a statement (``LockBackend.session_id``).
+  The writer asks the server when that session began (``LockInspector.session_started``), so
+  that the inspector can tell it from a later session given the same id.
+- SQLite needs none of it: its lock file records the holder's pid, host and the name
+  (``backends.sqlite``).
+
+A write that fails (the tables not migrated on that database, the database out of reach) is
+logged once and dropped; the aliases whose tables are missing are left alone for a while
+(``RETRY_AFTER``). Who holds the lock stays answerable from the database's own tables then,
+as before. ``ADVISORY_LOCK["RECORD_HOLDERS"] = False`` turns the writes off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import monotonic
+from typing import Any
+
+from advisory_lock.backends.base import LockBackend
+from advisory_lock.conf import get_setting
+from advisory_lock.keys import LockKey
+
+logger = logging.getLogger("advisory_lock")
+
+#: Names remembered as noted, per process (then the oldest are forgotten).
+MAX_NOTED_NAMES = 10_000
+#: Seconds an alias whose directory tables are missing is left alone before another try.
+RETRY_AFTER = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class NameNote:
+    """``key`` (``str(db_key)``) stands for the string key ``name`` in ``namespace``."""
+
+    key: str
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionNote:
+    """The server session ``session`` is this process's: ``pid`` on ``host``."""
+
+    session: int
+    host: str
+    pid: int
+
+
+#: Writes the notes of one alias: ``write(alias, names, sessions)``, on the calling thread's
+#: connection; raises what the database raised.
+Write = Callable[[str, list[NameNote], list[SessionNote]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The directory's tables (``advisory_lock.lock_names``): how to write notes, and read
+    them back (``names(alias, keys)``, ``clients(alias, {session: when it began})``);
+    ``names_table`` is the table of names, whose ``key`` column a MySQL server without a
+    lock table of its own is asked about."""
+
+    write: Write
+    names_table: str
+    names: Callable[[str, list[str]], dict[str, str]]
+    clients: Callable[[str, dict[int, int]], dict[int, tuple[str, int]]]
+
+
+class Recorder:
+    """Queues what this process tells of its locks, and writes it from a thread of its own."""
+
+    def __init__(self, write: Write) -> None:
+        self._write = write
+        self._noted: dict[tuple[Any, str], None] = {}
+        self._queue: queue.SimpleQueue[tuple[str, NameNote | SessionNote]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        # Notes queued and not yet written (or dropped), for flush().
+        self._unwritten = 0
+        self._written = threading.Condition()
+        self._off: dict[str, float] = {}  # alias -> when to try its tables again
+        self._host = socket.gethostname()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def note(self, backend: LockBackend, using: str, db_key: Any, key: LockKey) -> bool:
+        """Note the lock about to be taken (or just taken) through ``backend``'s session; False
+        when the connection is not open yet (nothing to note about the session then)."""
+        if backend.local_locks:
+            return True  # SQLite: the lock file says it all
+        session = backend.session()
+        if session is None:
+            return False
+        if backend.noted is not session:
+            self._note_session(backend, using, session)
+        if key.namespace is not None and (db_key, using) not in self._noted:
+            self._note_name(db_key, using, key)
+        return True
+
+    def _note_session(self, backend: LockBackend, using: str, session: object) -> None:
+        backend.noted = session
+        session_id = backend.session_id()
+        if session_id is not None:
+            self._put(using, SessionNote(session_id, self._host, os.getpid()))
+
+    def _note_name(self, db_key: Any, using: str, key: LockKey) -> None:
+        noted = self._noted
+        if len(noted) >= MAX_NOTED_NAMES:
+            noted.pop(next(iter(noted)), None)
+        noted[db_key, using] = None
+        assert isinstance(key.value, str) and key.namespace is not None
+        self._put(using, NameNote(str(db_key), key.value, key.namespace))
+
+    def _put(self, using: str, note: NameNote | SessionNote) -> None:
+        with self._written:
+            self._unwritten += 1
+        self._queue.put((using, note))
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._start_lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="advisory_lock directory", daemon=True
+                    )
+                    self._thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every note queued so far is written (or dropped); False on timeout."""
+        with self._written:
+            return self._written.wait_for(lambda: self._unwritten == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._write_batch(batch)
+            finally:
+                with self._written:
+                    self._unwritten -= len(batch)
+                    self._written.notify_all()
+
+    def _write_batch(self, batch: list[tuple[str, NameNote | SessionNote]]) -> None:
+        by_alias: dict[str, tuple[list[NameNote], list[SessionNote]]] = {}
+        for using, note in batch:
+            names, sessions = by_alias.setdefault(using, ([], []))
+            if isinstance(note, NameNote):
+                names.append(note)
+            else:
+                sessions.append(note)
+        if not get_setting("RECORD_HOLDERS"):
+            return
+        for using, (names, sessions) in by_alias.items():
+            if self._off.get(using, 0.0) > monotonic():
+                continue
+            try:
+                self._write(using, names, sessions)
+            except Exception as error:
+                # Logged once per pause: the locks themselves are not affected.
+                self._off[using] = monotonic() + RETRY_AFTER
+                logger.warning(
+                    "The lock directory could not be written on database %r (%s): locks "
+                    "taken there show without their name and client process for the next "
+                    "%.0f seconds. Run manage.py migrate to create its tables.",
+                    using,
+                    error,
+                    RETRY_AFTER,
+                )
+
+    def _forked(self) -> None:
+        """In a child process: its own queue and thread; its sessions and names are new."""
+        self._noted = {}
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._start_lock = threading.Lock()
+        self._unwritten = 0
+        self._written = threading.Condition()
+
+
+#: The process's recorder and the tables it writes: set when the directory's models load
+#: (the app is installed), else None.
+recorder: Recorder | None = None
+tables: Tables | None = None
+
+
+def install(directory: Tables) -> None:
+    """Start noting holders into ``directory``'s tables, and read them back from there."""
+    global recorder, tables
+    tables = directory
+    recorder = Recorder(directory.write)

@@ -99,7 +99,8 @@ class Recorder:
         self._noted: dict[tuple[Any, str], None] = {}
         self._queue: queue.SimpleQueue[tuple[str, NameNote | SessionNote]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self._names_lock = threading.Lock()  # guards _noted's changes
+        self._thread_lock = threading.Lock()  # one thread started at a time
         # Notes queued and not yet written (or dropped), for flush().
         self._unwritten = 0
         self._written = threading.Condition()
@@ -123,15 +124,20 @@ class Recorder:
 
     def _note_session(self, backend: LockBackend, using: str, session: object) -> None:
         backend.noted = session
+        if backend.session_lock_problem() is not None:
+            # Behind a transaction-mode pooler a server session serves every client in turn:
+            # it belongs to no one process.
+            return
         session_id = backend.session_id()
         if session_id is not None:
             self._put(using, SessionNote(session_id, self._host, os.getpid()))
 
     def _note_name(self, db_key: Any, using: str, key: LockKey) -> None:
-        noted = self._noted
-        if len(noted) >= MAX_NOTED_NAMES:
-            noted.pop(next(iter(noted)), None)
-        noted[db_key, using] = None
+        with self._names_lock:  # threads may note at once; the hot path only reads
+            noted = self._noted
+            if len(noted) >= MAX_NOTED_NAMES:
+                noted.pop(next(iter(noted)), None)
+            noted[db_key, using] = None
         assert isinstance(key.value, str) and key.namespace is not None
         self._put(using, NameNote(str(db_key), key.value, key.namespace))
 
@@ -141,7 +147,7 @@ class Recorder:
         self._queue.put((using, note))
         thread = self._thread
         if thread is None or not thread.is_alive():
-            with self._start_lock:
+            with self._thread_lock:
                 if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
                         target=self._run, name="advisory_lock directory", daemon=True
@@ -200,7 +206,8 @@ class Recorder:
         self._noted = {}
         self._queue = queue.SimpleQueue()
         self._thread = None
-        self._start_lock = threading.Lock()
+        self._names_lock = threading.Lock()
+        self._thread_lock = threading.Lock()
         self._unwritten = 0
         self._written = threading.Condition()
 

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any
 
+from django.db import DatabaseError
+
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import LockKey
@@ -100,7 +102,7 @@ class Recorder:
         self._queue: queue.SimpleQueue[tuple[str, NameNote | SessionNote]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._names_lock = threading.Lock()  # guards _noted's changes
-        self._thread_lock = threading.Lock()  # one thread started at a time
+        self._thread_lock = threading.Lock()  # guards _thread: at most one writing
         # Notes queued and not yet written (or dropped), for flush().
         self._unwritten = 0
         self._written = threading.Condition()
@@ -145,14 +147,12 @@ class Recorder:
         with self._written:
             self._unwritten += 1
         self._queue.put((using, note))
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            with self._thread_lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="advisory_lock directory", daemon=True
-                    )
-                    self._thread.start()
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="advisory_lock directory", daemon=True
+                )
+                self._thread.start()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every note queued so far is written (or dropped); False on timeout."""
@@ -160,13 +160,30 @@ class Recorder:
             return self._written.wait_for(lambda: self._unwritten == 0, timeout)
 
     def _run(self) -> None:
+        """Write what is queued, then end: a thread lives only while there is work (new
+        names and sessions are rare), and leaves nothing behind in the process."""
+        try:
+            self._drain()
+        except BaseException:
+            with self._thread_lock:  # the next note starts another
+                if self._thread is threading.current_thread():
+                    self._thread = None
+            raise
+
+    def _drain(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = []
+            with self._thread_lock:
+                # Under the lock that _put() takes after its put: either this sees the note,
+                # or _put() sees no thread and starts one.
+                while True:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                if not batch:
+                    self._thread = None
+                    return
             try:
                 self._write_batch(batch)
             finally:
@@ -189,8 +206,9 @@ class Recorder:
                 continue
             try:
                 self._write(using, names, sessions)
-            except Exception as error:
-                # Logged once per pause: the locks themselves are not affected.
+            except DatabaseError as error:
+                # The tables are missing, or the database is out of reach: logged once per
+                # pause. The locks themselves are not affected.
                 self._off[using] = monotonic() + RETRY_AFTER
                 logger.warning(
                     "The lock directory could not be written on database %r (%s): locks "
@@ -199,6 +217,12 @@ class Recorder:
                     using,
                     error,
                     RETRY_AFTER,
+                )
+            except Exception:
+                # Anything else (a database access refused by a test runner's guard between
+                # tests): these notes are dropped, the next ones tried.
+                logger.debug(
+                    "The lock directory could not be written on database %r.", using, exc_info=True
                 )
 
     def _forked(self) -> None:

@@ -33,11 +33,13 @@ as before. ``ADVISORY_LOCK["RECORD_HOLDERS"] = False`` turns the writes off.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import monotonic
@@ -55,6 +57,10 @@ logger = logging.getLogger("advisory_lock")
 MAX_NOTED_NAMES = 10_000
 #: Seconds an alias whose directory tables are missing is left alone before another try.
 RETRY_AFTER = 300.0
+#: Seconds between a first note and its write: a burst goes in one write, and a session or a
+#: process that ends sooner is never written (a lock held that briefly is over before anyone
+#: could look at it).
+WRITE_AFTER = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,9 @@ class SessionNote:
     host: str
     pid: int
 
+
+#: A note as queued: its alias, itself, and (a session's) whether it is still current.
+Queued = tuple[str, "NameNote | SessionNote", "Callable[[], bool] | None"]
 
 #: Writes the notes of one alias: ``write(alias, names, sessions)``, on the calling thread's
 #: connection; raises what the database raised.
@@ -99,13 +108,14 @@ class Recorder:
     def __init__(self, write: Write) -> None:
         self._write = write
         self._noted: dict[tuple[Any, str], None] = {}
-        self._queue: queue.SimpleQueue[tuple[str, NameNote | SessionNote]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._names_lock = threading.Lock()  # guards _noted's changes
         self._thread_lock = threading.Lock()  # guards _thread: at most one writing
         # Notes queued and not yet written (or dropped), for flush().
         self._unwritten = 0
         self._written = threading.Condition()
+        self._now = threading.Event()  # flush(): write without waiting for WRITE_AFTER
         self._off: dict[str, float] = {}  # alias -> when to try its tables again
         self._host = socket.gethostname()
         os.register_at_fork(after_in_child=self._forked)
@@ -132,7 +142,8 @@ class Recorder:
             return
         session_id = backend.session_id()
         if session_id is not None:
-            self._put(using, SessionNote(session_id, self._host, os.getpid()))
+            note = SessionNote(session_id, self._host, os.getpid())
+            self._put(using, note, functools.partial(_same_session, weakref.ref(backend), session))
 
     def _note_name(self, db_key: Any, using: str, key: LockKey) -> None:
         with self._names_lock:  # threads may note at once; the hot path only reads
@@ -141,12 +152,14 @@ class Recorder:
                 noted.pop(next(iter(noted)), None)
             noted[db_key, using] = None
         assert isinstance(key.value, str) and key.namespace is not None
-        self._put(using, NameNote(str(db_key), key.value, key.namespace))
+        self._put(using, NameNote(str(db_key), key.value, key.namespace), None)
 
-    def _put(self, using: str, note: NameNote | SessionNote) -> None:
+    def _put(
+        self, using: str, note: NameNote | SessionNote, current: Callable[[], bool] | None
+    ) -> None:
         with self._written:
             self._unwritten += 1
-        self._queue.put((using, note))
+        self._queue.put((using, note, current))
         with self._thread_lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -155,7 +168,9 @@ class Recorder:
                 self._thread.start()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every note queued so far is written (or dropped); False on timeout."""
+        """Write every note queued so far now, and wait until it is written (or dropped);
+        False on timeout."""
+        self._now.set()
         with self._written:
             return self._written.wait_for(lambda: self._unwritten == 0, timeout)
 
@@ -172,6 +187,9 @@ class Recorder:
 
     def _drain(self) -> None:
         while True:
+            # A moment first: what a burst notes goes in one write, and the notes of a
+            # session (a process) that ends within it are dropped unwritten.
+            self._now.wait(WRITE_AFTER)
             batch = []
             with self._thread_lock:
                 # Under the lock that _put() takes after its put: either this sees the note,
@@ -183,6 +201,7 @@ class Recorder:
                         break
                 if not batch:
                     self._thread = None
+                    self._now.clear()
                     return
             try:
                 self._write_batch(batch)
@@ -191,14 +210,15 @@ class Recorder:
                     self._unwritten -= len(batch)
                     self._written.notify_all()
 
-    def _write_batch(self, batch: list[tuple[str, NameNote | SessionNote]]) -> None:
+    def _write_batch(self, batch: list[Queued]) -> None:
         by_alias: dict[str, tuple[list[NameNote], list[SessionNote]]] = {}
-        for using, note in batch:
+        for using, note, current in batch:
             names, sessions = by_alias.setdefault(using, ([], []))
             if isinstance(note, NameNote):
                 names.append(note)
-            else:
+            elif current is None or current():
                 sessions.append(note)
+        by_alias = {using: notes for using, notes in by_alias.items() if notes[0] or notes[1]}
         if not get_setting("RECORD_HOLDERS"):
             return
         for using, (names, sessions) in by_alias.items():
@@ -234,6 +254,16 @@ class Recorder:
         self._thread_lock = threading.Lock()
         self._unwritten = 0
         self._written = threading.Condition()
+        self._now = threading.Event()
+
+
+def _same_session(backend: weakref.ref[LockBackend], session: object) -> bool:
+    """Is ``session`` still the one of ``backend``'s connection (not closed since)?"""
+    alive = backend()
+    try:
+        return alive is not None and alive.session() is session
+    except ReferenceError:  # its Django connection object is gone
+        return False
 
 
 #: The process's recorder and the tables it writes: set when the directory's models load

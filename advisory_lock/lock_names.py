@@ -92,7 +92,9 @@ def record(using: str, names: list[NameNote], sessions: list[SessionNote]) -> No
             ]
             if rows:
                 _upsert(using, rows)
-            if _pruned.get(using, 0.0) < monotonic() - PRUNE_EVERY:
+            # Not at a process's first write (job processes come and go): every PRUNE_EVERY
+            # seconds of a process that lives that long.
+            if _pruned.setdefault(using, monotonic()) < monotonic() - PRUNE_EVERY:
                 _pruned[using] = monotonic()
                 _prune(using, inspector.session_started(None))
     finally:

@@ -57,9 +57,9 @@ logger = logging.getLogger("advisory_lock")
 MAX_NOTED_NAMES = 10_000
 #: Seconds an alias whose directory tables are missing is left alone before another try.
 RETRY_AFTER = 300.0
-#: Seconds between a first note and its write: a burst goes in one write, and a session or a
-#: process that ends sooner is never written (a lock held that briefly is over before anyone
-#: could look at it).
+#: Seconds between a first note and its write: a burst goes in one write, and a lock let go
+#: of sooner (a try, a short job, a process that ended) is never written: it was over before
+#: anyone could look at it.
 WRITE_AFTER = 1.0
 
 
@@ -80,9 +80,6 @@ class SessionNote:
     host: str
     pid: int
 
-
-#: A note as queued: its alias, itself, and (a session's) whether it is still current.
-Queued = tuple[str, "NameNote | SessionNote", "Callable[[], bool] | None"]
 
 #: Writes the notes of one alias: ``write(alias, names, sessions)``, on the calling thread's
 #: connection; raises what the database raised.
@@ -108,7 +105,7 @@ class Recorder:
     def __init__(self, write: Write) -> None:
         self._write = write
         self._noted: dict[tuple[Any, str], None] = {}
-        self._queue: queue.SimpleQueue[Queued] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._names_lock = threading.Lock()  # guards _noted's changes
         self._thread_lock = threading.Lock()  # guards _thread: at most one writing
@@ -120,21 +117,40 @@ class Recorder:
         self._host = socket.gethostname()
         os.register_at_fork(after_in_child=self._forked)
 
-    def note(self, backend: LockBackend, using: str, db_key: Any, key: LockKey) -> bool:
+    def note(
+        self,
+        backend: LockBackend,
+        using: str,
+        db_key: Any,
+        key: LockKey,
+        holds: Callable[[Any], bool],
+    ) -> bool:
         """Note the lock about to be taken (or just taken) through ``backend``'s session; False
-        when the connection is not open yet (nothing to note about the session then)."""
+        when the connection is not open yet (nothing to note about the session then).
+
+        ``holds(db_key)`` says, from the writer's thread, whether the lock is held through
+        that session still: a note is written only for a lock held at the time of the write
+        (``WRITE_AFTER``), and forgotten otherwise, to be noted again at the next use.
+        """
         if backend.local_locks:
             return True  # SQLite: the lock file says it all
         session = backend.session()
         if session is None:
             return False
         if backend.noted is not session:
-            self._note_session(backend, using, session)
+            self._note_session(backend, using, session, db_key, holds)
         if key.namespace is not None and (db_key, using) not in self._noted:
-            self._note_name(db_key, using, key)
+            self._note_name(db_key, using, key, holds)
         return True
 
-    def _note_session(self, backend: LockBackend, using: str, session: object) -> None:
+    def _note_session(
+        self,
+        backend: LockBackend,
+        using: str,
+        session: object,
+        db_key: Any,
+        holds: Callable[[Any], bool],
+    ) -> None:
         backend.noted = session
         if backend.session_lock_problem() is not None:
             # Behind a transaction-mode pooler a server session serves every client in turn:
@@ -142,24 +158,43 @@ class Recorder:
             return
         session_id = backend.session_id()
         if session_id is not None:
-            note = SessionNote(session_id, self._host, os.getpid())
-            self._put(using, note, functools.partial(_same_session, weakref.ref(backend), session))
+            self._put(
+                _Queued(
+                    using,
+                    SessionNote(session_id, self._host, os.getpid()),
+                    functools.partial(
+                        _session_holds, weakref.ref(backend), session, holds, db_key
+                    ),
+                    functools.partial(_forget_session, weakref.ref(backend), session),
+                )
+            )
 
-    def _note_name(self, db_key: Any, using: str, key: LockKey) -> None:
+    def _note_name(
+        self, db_key: Any, using: str, key: LockKey, holds: Callable[[Any], bool]
+    ) -> None:
         with self._names_lock:  # threads may note at once; the hot path only reads
             noted = self._noted
             if len(noted) >= MAX_NOTED_NAMES:
                 noted.pop(next(iter(noted)), None)
             noted[db_key, using] = None
         assert isinstance(key.value, str) and key.namespace is not None
-        self._put(using, NameNote(str(db_key), key.value, key.namespace), None)
+        self._put(
+            _Queued(
+                using,
+                NameNote(str(db_key), key.value, key.namespace),
+                functools.partial(holds, db_key),
+                functools.partial(self._forget_name, db_key, using),
+            )
+        )
 
-    def _put(
-        self, using: str, note: NameNote | SessionNote, current: Callable[[], bool] | None
-    ) -> None:
+    def _forget_name(self, db_key: Any, using: str) -> None:
+        with self._names_lock:
+            self._noted.pop((db_key, using), None)
+
+    def _put(self, queued: _Queued) -> None:
         with self._written:
             self._unwritten += 1
-        self._queue.put((using, note, current))
+        self._queue.put(queued)
         with self._thread_lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -210,14 +245,21 @@ class Recorder:
                     self._unwritten -= len(batch)
                     self._written.notify_all()
 
-    def _write_batch(self, batch: list[Queued]) -> None:
+    def _write_batch(self, batch: list[_Queued]) -> None:
         by_alias: dict[str, tuple[list[NameNote], list[SessionNote]]] = {}
-        for using, note, current in batch:
-            names, sessions = by_alias.setdefault(using, ([], []))
-            if isinstance(note, NameNote):
-                names.append(note)
-            elif current is None or current():
-                sessions.append(note)
+        for queued in batch:
+            try:
+                held = queued.held()
+            except Exception:  # the holder's objects are gone: so is the lock
+                held = False
+            if not held:
+                queued.forget()  # a lock let go of already: noted again at its next use
+                continue
+            names, sessions = by_alias.setdefault(queued.using, ([], []))
+            if isinstance(queued.note, NameNote):
+                names.append(queued.note)
+            else:
+                sessions.append(queued.note)
         by_alias = {using: notes for using, notes in by_alias.items() if notes[0] or notes[1]}
         if not get_setting("RECORD_HOLDERS"):
             return
@@ -257,13 +299,36 @@ class Recorder:
         self._now = threading.Event()
 
 
-def _same_session(backend: weakref.ref[LockBackend], session: object) -> bool:
-    """Is ``session`` still the one of ``backend``'s connection (not closed since)?"""
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A note as queued: its alias, itself, whether its lock is still held (asked at the
+    write), and how to forget it if not."""
+
+    using: str
+    note: NameNote | SessionNote
+    held: Callable[[], bool]
+    forget: Callable[[], None]
+
+
+def _session_holds(
+    backend: weakref.ref[LockBackend],
+    session: object,
+    holds: Callable[[Any], bool],
+    db_key: Any,
+) -> bool:
+    """Is ``session`` still the one of ``backend``'s connection (not closed since), and the
+    lock it was noted for held?"""
     alive = backend()
     try:
-        return alive is not None and alive.session() is session
+        return alive is not None and alive.session() is session and holds(db_key)
     except ReferenceError:  # its Django connection object is gone
         return False
+
+
+def _forget_session(backend: weakref.ref[LockBackend], session: object) -> None:
+    alive = backend()
+    if alive is not None and alive.noted is session:
+        alive.noted = None
 
 
 #: The process's recorder and the tables it writes: set when the directory's models load

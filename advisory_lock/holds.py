@@ -350,6 +350,12 @@ class ConnectionLocks:
         end) hold ``db_key``?"""
         return any(hold.db_key == db_key for hold in (*self.session_holds, *self.pending))
 
+    def holds_now(self, db_key: object) -> bool:
+        """``holds()``, as another thread can tell (the lock directory's writer): or the
+        connection is in a transaction, which may hold it (PostgreSQL releases its
+        transaction locks itself: no hold of ours is left to see)."""
+        return self.holds(db_key) or self.connection.in_atomic_block
+
     def forget(self, hold: SessionHold) -> None:
         """``hold``'s block ended (nearly always the last one that began)."""
         holds = self.session_holds

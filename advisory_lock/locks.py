@@ -274,7 +274,9 @@ class AdvisoryLock:
         # waiter shows by name too; of a session opened by the attempt, after it. No
         # statement: see advisory_lock.directory.
         recorder = directory.recorder
-        noted = recorder is None or recorder.note(backend, self.using, db_key, self.lock_key)
+        noted = recorder is None or recorder.note(
+            backend, self.using, db_key, self.lock_key, locks.holds_now
+        )
         started = monotonic()
         handle: LockHandle | None = None
         try:
@@ -285,7 +287,7 @@ class AdvisoryLock:
                     db_key, shared=self.shared, timeout=timeout, transaction=native
                 )
             if not noted and recorder is not None:
-                recorder.note(backend, self.using, db_key, self.lock_key)
+                recorder.note(backend, self.using, db_key, self.lock_key, locks.holds_now)
             now = monotonic()
             if not acquired:
                 scope: Literal["session", "transaction"] = "session" if session else "transaction"

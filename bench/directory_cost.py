@@ -90,8 +90,9 @@ def worker(code: str, alias: str, key: str) -> None:
                 if not handle:
                     raise SystemExit(f"{alias}: key {key} busy: is another benchmark running?")
 
-    loop(500)  # the connection, prepared statements, caches; the directory's first notes
-    written = _directory_written()
+    loop(500)  # the connection, prepared statements, caches
+    with lock(key, using=alias):  # held while the directory writes its notes
+        written = _directory_written()
     _answer({"ready": True, "file": advisory_lock.__file__, "directory": written})
     for line in sys.stdin:
         if line.startswith("note"):
@@ -124,13 +125,14 @@ def _note_alone(alias: str, key: str, calls: int) -> float | None:
 
     recorder = directory.recorder
     assert recorder is not None
-    backend = connection_locks(connections[alias]).backend
+    locks = connection_locks(connections[alias])
+    backend = locks.backend
     lock_key = make_key(key)
     db_key = backend.db_key(lock_key)
     start = time.process_time_ns()
     for _ in range(calls):
         if directory.recorder is not None:
-            recorder.note(backend, alias, db_key, lock_key)
+            recorder.note(backend, alias, db_key, lock_key, locks.holds_now)
     return (time.process_time_ns() - start) / 1000 / calls
 
 

@@ -209,6 +209,17 @@ class Recorder:
         with self._written:
             return self._written.wait_for(lambda: self._unwritten == 0, timeout)
 
+    def settle(self, timeout: float | None = None) -> bool:
+        """``flush()``, then wait for the writer thread to end (it ends by itself once the
+        queue is empty); False on timeout."""
+        if not self.flush(timeout):
+            return False
+        with self._thread_lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
     def _run(self) -> None:
         """Write what is queued, then end: a thread lives only while there is work (new
         names and sessions are rare), and leaves nothing behind in the process."""

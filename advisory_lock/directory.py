@@ -129,8 +129,9 @@ class Recorder:
         when the connection is not open yet (nothing to note about the session then).
 
         ``holds(db_key)`` says, from the writer's thread, whether the lock is held through
-        that session still: a note is written only for a lock held at the time of the write
-        (``WRITE_AFTER``), and forgotten otherwise, to be noted again at the next use.
+        that session still (``holds(None)``: any lock): a name is written only while a lock
+        of it is held at the time of the write (``WRITE_AFTER``), a session only while it
+        holds one; otherwise the note is forgotten, to be noted again at the next use.
         """
         if backend.local_locks:
             return True  # SQLite: the lock file says it all
@@ -138,18 +139,13 @@ class Recorder:
         if session is None:
             return False
         if backend.noted is not session:
-            self._note_session(backend, using, session, db_key, holds)
+            self._note_session(backend, using, session, holds)
         if key.namespace is not None and (db_key, using) not in self._noted:
             self._note_name(db_key, using, key, holds)
         return True
 
     def _note_session(
-        self,
-        backend: LockBackend,
-        using: str,
-        session: object,
-        db_key: Any,
-        holds: Callable[[Any], bool],
+        self, backend: LockBackend, using: str, session: object, holds: Callable[[Any], bool]
     ) -> None:
         backend.noted = session
         if backend.session_lock_problem() is not None:
@@ -158,14 +154,13 @@ class Recorder:
             return
         session_id = backend.session_id()
         if session_id is not None:
+            ref = weakref.ref(backend)
             self._put(
                 _Queued(
                     using,
                     SessionNote(session_id, self._host, os.getpid()),
-                    functools.partial(
-                        _session_holds, weakref.ref(backend), session, holds, db_key
-                    ),
-                    functools.partial(_forget_session, weakref.ref(backend), session),
+                    functools.partial(_session_holds, ref, session, holds),
+                    functools.partial(_forget_session, ref, session),
                 )
             )
 
@@ -322,16 +317,13 @@ class _Queued:
 
 
 def _session_holds(
-    backend: weakref.ref[LockBackend],
-    session: object,
-    holds: Callable[[Any], bool],
-    db_key: Any,
+    backend: weakref.ref[LockBackend], session: object, holds: Callable[[Any], bool]
 ) -> bool:
-    """Is ``session`` still the one of ``backend``'s connection (not closed since), and the
-    lock it was noted for held?"""
+    """Is ``session`` still the one of ``backend``'s connection (not closed since), and does
+    it hold a lock?"""
     alive = backend()
     try:
-        return alive is not None and alive.session() is session and holds(db_key)
+        return alive is not None and alive.session() is session and holds(None)
     except ReferenceError:  # its Django connection object is gone
         return False
 

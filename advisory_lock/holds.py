@@ -351,10 +351,14 @@ class ConnectionLocks:
         return any(hold.db_key == db_key for hold in (*self.session_holds, *self.pending))
 
     def holds_now(self, db_key: object) -> bool:
-        """``holds()``, as another thread can tell (the lock directory's writer): or the
-        connection is in a transaction, which may hold it (PostgreSQL releases its
-        transaction locks itself: no hold of ours is left to see)."""
-        return self.holds(db_key) or self.connection.in_atomic_block
+        """``holds()`` (any key when ``db_key`` is None), as another thread can tell (the
+        lock directory's writer): or the connection is in a transaction, which may hold it
+        (PostgreSQL releases its transaction locks itself: no hold of ours is left to see)."""
+        if self.connection.in_atomic_block:
+            return True
+        if db_key is None:
+            return bool(self.session_holds or self.pending)
+        return self.holds(db_key)
 
     def forget(self, hold: SessionHold) -> None:
         """``hold``'s block ended (nearly always the last one that began)."""

@@ -166,3 +166,18 @@ def test_the_directory_adds_no_statement_to_a_lock(using, first_use):
             pass
     assert len(statements) == 2, [query["sql"] for query in statements]  # take, release
     assert directory.recorder is not None and directory.recorder.flush(timeout=300)
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_lock_held_at_the_write_is_recorded_and_one_let_go_of_is_not(using):
+    from advisory_lock.lock_names import LockName
+
+    held, brief = run_time_key("plain"), run_time_key("plain")
+    assert directory.recorder is not None
+    with advisory_lock(brief, using=using):
+        pass
+    with advisory_lock(held, using=using):
+        assert directory.recorder.flush(timeout=300)
+    names = LockName.objects.using(using)
+    assert names.filter(name=held).exists()
+    assert not names.filter(name=brief).exists()  # a try, a short job: over before the write

@@ -352,13 +352,16 @@ class ConnectionLocks:
 
     def holds_now(self, db_key: object) -> bool:
         """``holds()`` (any key when ``db_key`` is None), as another thread can tell (the
-        lock directory's writer): or the connection is in a transaction, which may hold it
-        (PostgreSQL releases its transaction locks itself: no hold of ours is left to see)."""
-        if self.connection.in_atomic_block:
-            return True
+        lock directory's writer)."""
         if db_key is None:
             return bool(self.session_holds or self.pending)
         return self.holds(db_key)
+
+    def in_transaction(self, db_key: object) -> bool:
+        """Whether a transaction-scoped lock may still be held, as another thread can tell:
+        the connection is in a transaction (PostgreSQL releases its transaction locks itself,
+        so no hold of ours is left to see)."""
+        return bool(self.connection.in_atomic_block)
 
     def forget(self, hold: SessionHold) -> None:
         """``hold``'s block ended (nearly always the last one that began)."""

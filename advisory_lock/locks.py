@@ -274,8 +274,9 @@ class AdvisoryLock:
         # waiter shows by name too; of a session opened by the attempt, after it. No
         # statement: see advisory_lock.directory.
         recorder = directory.recorder
+        holds = locks.holds_now if session else locks.in_transaction
         noted = recorder is None or recorder.note(
-            backend, self.using, db_key, self.lock_key, locks.holds_now
+            backend, self.using, db_key, self.lock_key, holds
         )
         started = monotonic()
         handle: LockHandle | None = None
@@ -287,7 +288,7 @@ class AdvisoryLock:
                     db_key, shared=self.shared, timeout=timeout, transaction=native
                 )
             if not noted and recorder is not None:
-                recorder.note(backend, self.using, db_key, self.lock_key, locks.holds_now)
+                recorder.note(backend, self.using, db_key, self.lock_key, holds)
             now = monotonic()
             if not acquired:
                 scope: Literal["session", "transaction"] = "session" if session else "transaction"

@@ -24,6 +24,9 @@ DEFAULTS: dict[str, Any] = {
     "DIRECT_ALIAS": {},
     # Lock names to show in inspection and check for collisions: a list, or {name: key}.
     "NAMES": [],
+    # Holders write each lock's name and their host and pid into the lock directory's tables
+    # (lock_names, lock_clients), for the Locks page and manage.py advisory_locks.
+    "RECORD_HOLDERS": True,
     # Ledger writes in the caller's transaction (a savepoint) instead of on a connection of
     # their own: for tests, so that TestCase's rollback takes the rows with it.
     "LEDGER_IN_CALLERS_TRANSACTION": False,

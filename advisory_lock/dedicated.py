@@ -19,6 +19,7 @@ from django.db import DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from advisory_lock import directory
 from advisory_lock import metrics
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
@@ -128,6 +129,8 @@ class DedicatedLock:
             if acquired:
                 # At once: whatever fails from here on, let_go() knows there is a lock.
                 self.acquired_at = monotonic()
+        if directory.recorder is not None:  # no statement: see advisory_lock.directory
+            directory.recorder.note(self.backend, self.using, self.db_key, self.key, self._holds)
         waited = monotonic() - started
         if metrics.recorder is not None:
             outcome = "acquired" if acquired else "timeout" if wait else "busy"
@@ -138,6 +141,10 @@ class DedicatedLock:
         else:
             logger.info("%s: lock %s busy after %.3fs.", self.label, self.key.label, waited)
         return acquired
+
+    def _holds(self, db_key: object) -> bool:
+        """Is the lock held (asked by the lock directory's writer, from its thread)?"""
+        return self.acquired_at is not None
 
     def busy_message(self) -> str:
         """Why this instance skipped: who holds the lock. Closes the lock's connection (it

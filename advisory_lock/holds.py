@@ -350,6 +350,19 @@ class ConnectionLocks:
         end) hold ``db_key``?"""
         return any(hold.db_key == db_key for hold in (*self.session_holds, *self.pending))
 
+    def holds_now(self, db_key: object) -> bool:
+        """``holds()`` (any key when ``db_key`` is None), as another thread can tell (the
+        lock directory's writer)."""
+        if db_key is None:
+            return bool(self.session_holds or self.pending)
+        return self.holds(db_key)
+
+    def in_transaction(self, db_key: object) -> bool:
+        """Whether a transaction-scoped lock may still be held, as another thread can tell:
+        the connection is in a transaction (PostgreSQL releases its transaction locks itself,
+        so no hold of ours is left to see)."""
+        return bool(self.connection.in_atomic_block)
+
     def forget(self, hold: SessionHold) -> None:
         """``hold``'s block ended (nearly always the last one that began)."""
         holds = self.session_holds

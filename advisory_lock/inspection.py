@@ -12,12 +12,15 @@ from django.db import DatabaseError
 from django.db import connections
 from django.db import transaction
 
+from advisory_lock import directory
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends.base import BACKEND_PID
 from advisory_lock.backends.base import CONNECTION_ID
 from advisory_lock.backends.base import PROCESS_ID
 from advisory_lock.backends.base import Holder
+from advisory_lock.backends.base import LockInspector
+from advisory_lock.backends.base import LockRow
 from advisory_lock.conf import get_setting
 from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
@@ -100,29 +103,80 @@ class HeldLocks(list[HeldLock]):
 
 
 def held_locks(using: str | None = None) -> HeldLocks:
-    """The advisory locks held and awaited on the database ``using`` (default: "default")."""
+    """The advisory locks held and awaited on the database ``using`` (default: "default").
+
+    Each lock's name and its holder's process come from the database where it keeps them
+    (SQLite's lock files; the application_name of our dedicated connections on PostgreSQL),
+    else from the lock directory that the holders write (``advisory_lock.directory``).
+    """
     using = check_alias(using)
     connection = connections[using]
     backend = backend_for(connection)
+    inspector = inspector_for(connection)
     names: dict[Any, str] = {}
     for name, key in known_keys(using).items():
         with contextlib.suppress(ValueError, TypeError):
             names.setdefault(backend.db_key(make_key(key)), name)
-    listing = inspector_for(connection).list_locks(names)
+    tables = directory.tables
+    listing = inspector.list_locks(names, None if tables is None else tables.names_table)
+    recorded_names: dict[str, str] = {}
+    clients: dict[int, tuple[str, int]] = {}
+    if tables is not None and listing.rows:
+        recorded_names, clients = _directory(tables, inspector, using, listing.rows)
     locks = [
         HeldLock(
             db_key=row.db_key,
-            name=names.get(row.db_key),
+            name=names.get(row.db_key) or row.name or recorded_names.get(str(row.db_key)),
             key_text=backend.display_key(row.db_key),
             mode=row.mode,
             granted=row.granted,
-            holder=row.holder,
+            holder=_with_process(row.holder, clients),
             held_for=row.held_for,
             waited_for=row.waited_for,
         )
         for row in listing.rows
     ]
     return HeldLocks(locks, using=using, source=listing.source, note=listing.note)
+
+
+def _directory(
+    tables: directory.Tables, inspector: LockInspector, using: str, rows: list[LockRow]
+) -> tuple[dict[str, str], dict[int, tuple[str, int]]]:
+    """What the lock directory knows of ``rows``: ``{str(db_key): name}`` and ``{session:
+    (host, pid)}``; nothing when its tables are not migrated on ``using``."""
+    sessions = {
+        row.holder.id
+        for row in rows
+        if row.holder is not None
+        and row.holder.kind != PROCESS_ID
+        and row.holder.process_id is None
+    }
+    connection = connections[using]
+    # A failed read in a transaction (ATOMIC_REQUESTS) is rolled back to a savepoint:
+    # PostgreSQL refuses every later statement of a transaction after a failed one.
+    savepoint = (
+        transaction.atomic(using=using) if connection.in_atomic_block else contextlib.nullcontext()
+    )
+    try:
+        with savepoint:
+            unnamed = [str(row.db_key) for row in rows if row.name is None]
+            found = tables.names(using, unnamed) if unnamed else {}
+            clients = (
+                tables.clients(using, inspector.session_started(sorted(sessions)))
+                if sessions
+                else {}
+            )
+    except DatabaseError:
+        return {}, {}
+    return found, clients
+
+
+def _with_process(holder: Holder | None, clients: dict[int, tuple[str, int]]) -> Holder | None:
+    """``holder`` with its client process, if the lock directory knows its session."""
+    if holder is None or holder.process_id is not None or holder.id not in clients:
+        return holder
+    host, pid = clients[holder.id]
+    return dataclasses.replace(holder, process_id=pid, process_host=host)
 
 
 def find_lock_session(using: str, holder_id: int) -> HeldLock | None:

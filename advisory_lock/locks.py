@@ -34,6 +34,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
+from advisory_lock import directory
 from advisory_lock import metrics
 from advisory_lock import signals
 from advisory_lock.async_locks import acquire_in_turn
@@ -269,6 +270,14 @@ class AdvisoryLock:
             raise NotSupportedError(problem)
         db_key = backend.db_key(self.lock_key)
         native = not session and backend.native_transaction_locks
+        # The lock directory hears of the name and the session before the attempt, so that a
+        # waiter shows by name too; of a session opened by the attempt, after it. No
+        # statement: see advisory_lock.directory.
+        recorder = directory.recorder
+        holds = locks.holds_now if session else locks.in_transaction
+        noted = recorder is None or recorder.note(
+            backend, self.using, db_key, self.lock_key, holds
+        )
         started = monotonic()
         handle: LockHandle | None = None
         try:
@@ -278,6 +287,8 @@ class AdvisoryLock:
                 acquired = backend.acquire(
                     db_key, shared=self.shared, timeout=timeout, transaction=native
                 )
+            if not noted and recorder is not None:
+                recorder.note(backend, self.using, db_key, self.lock_key, holds)
             now = monotonic()
             if not acquired:
                 scope: Literal["session", "transaction"] = "session" if session else "transaction"

@@ -8,13 +8,17 @@ resume and run-now requests, ``job_controls``) in ``advisory_lock.scheduling.con
 ``advisory_lock.scheduling.stored``,
 ``PendingTask`` (``task_pending``, the marks of ``enqueue_unique``) in ``advisory_lock.tasks``,
 ``LockFence`` (``lock_fences``, the fencing tokens of ``advisory_lock(fencing=True)``) in
-``advisory_lock.fencing``, and ``EntrySeen`` (``job_entries_seen``, when a scheduler first
-loaded each scheduled entry) in ``advisory_lock.scheduling.first_seen``.
+``advisory_lock.fencing``, ``EntrySeen`` (``job_entries_seen``, when a scheduler first
+loaded each scheduled entry) in ``advisory_lock.scheduling.first_seen``, and ``LockName`` and
+``LockClient`` (``lock_names``, ``lock_clients``: who holds what, as the holders tell it) in
+``advisory_lock.lock_names``.
 """
 
 from advisory_lock.fencing import LockFence
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import JobRunQuerySet
+from advisory_lock.lock_names import LockClient
+from advisory_lock.lock_names import LockName
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.first_seen import EntrySeen
 from advisory_lock.scheduling.liveness import SchedulerHeartbeat
@@ -26,7 +30,9 @@ __all__ = [
     "JobControl",
     "JobRun",
     "JobRunQuerySet",
+    "LockClient",
     "LockFence",
+    "LockName",
     "PendingTask",
     "SchedulerHeartbeat",
     "StoredEntry",

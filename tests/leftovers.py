@@ -9,7 +9,9 @@ import time
 
 from django.db import connections
 
+from advisory_lock import directory
 from advisory_lock.dedicated import DedicatedLock
+from tests.commands import HANG
 from tests.probes import in_other_connection
 
 
@@ -38,7 +40,10 @@ def open_lock_connections(locks):
 
 
 def run_threads():
-    """The watchdog, check and ledger threads alive in this process."""
+    """The watchdog, check and ledger threads alive in this process, once the lock
+    directory's writer (which ends by itself a moment after its last note) has ended."""
+    if directory.recorder is not None:
+        assert directory.recorder.settle(HANG), "the lock directory's writer did not end"
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("advisory_lock"))
 
 

@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "heartbeat",
             "own_connection",
             "fencing",
+            "directory",
+            "lock_names",
             "async_locks",
             "locks",
         ),

@@ -63,6 +63,9 @@ class LockBackend:
         # contended key it goes straight to the waiting statement, one round trip per
         # acquisition instead of two, and tries again every CONTENDED_WAITS acquisitions.
         self._contended: dict[Hashable, int] = {}
+        #: The session (``session()``) whose client process the lock directory was told of
+        #: (``advisory_lock.directory``).
+        self.noted: object = None
 
     def wait_at_once(self, db_key: Hashable) -> bool:
         """True if ``db_key`` was busy at its last try: wait for it without trying first."""
@@ -145,6 +148,12 @@ class LockBackend:
         """Release one hold of each of ``db_keys``, session locks this session holds."""
         for key in db_keys:
             self.release(key, shared=False)
+
+    def session_id(self) -> int | None:
+        """The server's id of this connection's session (PostgreSQL's backend pid, MySQL's
+        connection id) as the driver knows it, without a statement; None where there is no
+        server session (SQLite) or no connection."""
+        return None
 
     def session(self) -> object:
         """What a session lock lives as long as: the driver connection by default (the
@@ -331,6 +340,8 @@ class LockRow:
     #: Seconds held (an estimate where the database does not record it) or waited.
     held_for: float | None = None
     waited_for: float | None = None
+    #: The key's name, where the database itself keeps it (SQLite's lock file).
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,10 +366,18 @@ class LockInspector:
         """Who holds ``db_key`` now (None if nobody, or the database can't tell)."""
         return None
 
-    def list_locks(self, known: dict[Any, str]) -> Listing:
+    def list_locks(self, known: dict[Any, str], names_table: str | None = None) -> Listing:
         """Every advisory lock held or awaited on this database. ``known`` maps db keys to
-        names, for databases that can only be asked about a name."""
+        names, and ``names_table`` (if given) is a table whose ``key`` column lists more of
+        them (the lock directory's ``lock_names``), for databases that can only be asked
+        about a name."""
         raise NotImplementedError
+
+    def session_started(self, sessions: list[int] | None) -> dict[int, int]:
+        """``{session id: when it began}`` for those of ``sessions`` (None: every session) that
+        are connected now, in a unit of the database's: with its id, it tells a session from
+        any other that had or will have the same id (see ``advisory_lock.lock_names``)."""
+        return {}
 
     def may_terminate(self, holder_id: int) -> bool:
         """False for an id that must never be terminated, whatever it holds."""

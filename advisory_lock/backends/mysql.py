@@ -178,6 +178,12 @@ class MySQLBackend(LockBackend):
         )
         return int(connection_id), str(host), int(started)
 
+    def session_id(self) -> int | None:
+        # The driver's (mysqlclient's documented thread_id(): the connection id of the
+        # handshake, no statement), which CONNECTION_ID() and IS_USED_LOCK() return too.
+        raw = self.connection.connection
+        return None if raw is None else int(raw.thread_id())
+
     def held_by(self, db_key: Any, session: tuple[int, str, int]) -> bool:
         connection_id, host, started = int(session[0]), str(session[1]), int(session[2])
         # The start, computed from two clocks read a moment apart, may be one second off.
@@ -320,7 +326,7 @@ class MySQLInspector(LockInspector):
             id=connection_id, kind=CONNECTION_ID, user=user, host=host, state=state, query=query
         )
 
-    def list_locks(self, known: dict[Any, str]) -> Listing:
+    def list_locks(self, known: dict[Any, str], names_table: str | None = None) -> Listing:
         """Granted locks from the best source the server has; waiters from the processlist."""
         with self.connection.cursor() as cursor:
             for source, sql in (
@@ -333,22 +339,76 @@ class MySQLInspector(LockInspector):
             # Neither: ask about each name we know, and read waiters off the processlist.
             cursor.execute(_PROCESSLIST_SQL)
             processes = {row[0]: row for row in cursor.fetchall()}
+            held = self._used_locks(cursor, [name for name in known if isinstance(name, str)])
+            if names_table is not None:
+                held.update(self._used_locks_of_table(cursor, names_table))
             rows = []
-            for name in known:
-                cursor.execute("SELECT IS_USED_LOCK(%s)", [name])
-                (holder,) = cursor.fetchone()
-                if holder is not None:
-                    process = processes.get(holder, (holder, None, None, None, None, None))
-                    rows.append(_row((name, True, *process)))
+            for name, holder in held.items():
+                process = processes.get(holder, (holder, None, None, None, None, None))
+                rows.append(_row((name, True, *process)))
             for process in processes.values():
                 match = _WAITING_NAME.search(process[5] or "")
                 if match and process[4] == "User lock":
                     rows.append(_row((match.group(1), False, *process)))
         note = (
             "This server has neither performance_schema nor the METADATA_LOCK_INFO plugin, so "
-            "only locks with a known name are shown (and waiters, from the processlist)."
+            "only locks with a known name are shown (registered, or recorded by their "
+            "holders in the lock directory), and waiters, from the processlist."
         )
         return Listing("IS_USED_LOCK over known names", rows, note)
+
+    @staticmethod
+    def _used_locks(cursor: Any, names: list[str]) -> dict[str, int]:
+        """``{name: holder's connection id}`` of the names that are held: a statement per
+        100 names (IS_USED_LOCK is a lookup in the server's table of user locks)."""
+        held = {}
+        for start in range(0, len(names), 100):
+            chunk = names[start : start + 100]
+            cursor.execute(
+                "SELECT " + ", ".join(["IS_USED_LOCK(%s)"] * len(chunk)),
+                chunk,
+            )
+            for name, holder in zip(chunk, cursor.fetchone(), strict=True):
+                if holder is not None:
+                    held[name] = int(holder)
+        return held
+
+    def _used_locks_of_table(self, cursor: Any, table: str) -> dict[str, int]:
+        """The held names of ``table``'s ``key`` column, asked in one statement: the server
+        evaluates IS_USED_LOCK for each row."""
+        quoted = self.connection.ops.quote_name(table)
+        try:
+            cursor.execute(
+                f"SELECT n.`key`, IS_USED_LOCK(n.`key`) FROM {quoted} n "
+                f"WHERE IS_USED_LOCK(n.`key`) IS NOT NULL"
+            )
+        except DatabaseError:  # the lock directory is not migrated on this database
+            return {}
+        return {str(name): int(holder) for name, holder in cursor.fetchall()}
+
+    def session_started(self, sessions: list[int] | None) -> dict[int, int]:
+        # Connection ids are not reused while the server runs: when it started (now less its
+        # Uptime, in whole seconds, so maybe a second off) tells two sessions of one id apart.
+        # information_schema.PROCESSLIST shows every session to a user with the PROCESS
+        # privilege, else that user's own.
+        table = (
+            "information_schema.GLOBAL_STATUS"
+            if self.connection.mysql_is_mariadb
+            else "performance_schema.global_status"
+        )
+        sql = (
+            f"SELECT p.ID, UNIX_TIMESTAMP() - (SELECT VARIABLE_VALUE FROM {table} "
+            f"WHERE VARIABLE_NAME = 'Uptime') FROM information_schema.PROCESSLIST p"
+        )
+        with self.connection.cursor() as cursor:
+            if sessions is None:
+                cursor.execute(sql)
+            elif not sessions:
+                return {}
+            else:
+                ids = [int(session) for session in sessions]
+                cursor.execute(f"{sql} WHERE p.ID IN ({', '.join(['%s'] * len(ids))})", ids)
+            return {int(session): int(started) for session, started in cursor.fetchall()}
 
     def _can_read(self, cursor: Any, source: str) -> bool:
         if source.startswith("performance_schema"):

@@ -424,6 +424,14 @@ class PostgreSQLBackend(LockBackend):
         (started,) = self._run(f"SELECT {_POSTMASTER_STARTED}".encode())
         return pid, int(started)
 
+    def session_id(self) -> int | None:
+        # The pid the lock statements ran on, else libpq's (psycopg's documented
+        # ConnectionInfo.backend_pid, from the connection's start-up: no statement).
+        if self._pid is not None and self.connection.connection is self._raw:
+            return self._pid
+        raw = self.connection.connection
+        return None if raw is None else int(raw.info.backend_pid)
+
     def held_by(self, db_key: Any, session: tuple[int, int]) -> bool:
         # pg_locks shows every session's locks, with its server pid (its documented "pid").
         pid, started = int(session[0]), int(session[1])
@@ -1070,6 +1078,8 @@ _EXPECTED = (
 # pair as classid, objid, objsubid 2.
 #: When the server's postmaster started, in microseconds since the epoch: a bigint.
 _POSTMASTER_STARTED = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint"
+#: When a pg_stat_activity row's backend started, in microseconds since the epoch.
+_BACKEND_STARTED = "(extract(epoch FROM backend_start) * 1000000)::bigint"
 _LOCK_ROW = (
     "l.locktype = 'advisory' AND l.granted "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
@@ -1122,7 +1132,7 @@ class PostgreSQLInspector(LockInspector):
             row = cursor.fetchone()
         return None if row is None else _holder(row)
 
-    def list_locks(self, known: dict[Any, str]) -> Listing:
+    def list_locks(self, known: dict[Any, str], names_table: str | None = None) -> Listing:
         with self.connection.cursor() as cursor:
             cursor.execute(_LIST_SQL)
             rows = cursor.fetchall()
@@ -1148,6 +1158,17 @@ class PostgreSQLInspector(LockInspector):
                 )
             )
         return Listing("pg_locks", locks)
+
+    def session_started(self, sessions: list[int] | None) -> dict[int, int]:
+        # pg_stat_activity's backend_start, in microseconds since the epoch: a pid is reused
+        # only by a backend started later.
+        sql = f"SELECT pid, {_BACKEND_STARTED} FROM pg_stat_activity WHERE pid IS NOT NULL"
+        with self.connection.cursor() as cursor:
+            if sessions is None:
+                cursor.execute(sql)
+            else:
+                cursor.execute(f"{sql} AND pid = ANY(%s)", [list(sessions)])
+            return {int(pid): int(started) for pid, started in cursor.fetchall()}
 
     def terminate(self, holder_id: int) -> None:
         with self.connection.cursor() as cursor:

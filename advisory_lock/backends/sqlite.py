@@ -19,6 +19,7 @@ import socket
 import stat
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,9 @@ class SQLiteBackend(LockBackend):
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
         self._files: dict[str, _File] = {}
+        # The identity of each key whose file name is shortened with a hash (recent ones):
+        # the lock file records it, for the inspector.
+        self._identities: dict[str, str] = {}
 
     @classmethod
     def is_outage(cls, error: BaseException) -> bool:
@@ -79,7 +83,12 @@ class SQLiteBackend(LockBackend):
 
     def db_key(self, key: LockKey) -> str:
         name = shorten(key.identity, MAX_FILE_NAME_LENGTH, forbidden="/")
-        return os.path.join(lock_folder(self.connection), f"{name}.lock")
+        path = os.path.join(lock_folder(self.connection), f"{name}.lock")
+        if name != key.identity:
+            if len(self._identities) >= 1024:
+                self._identities.clear()
+            self._identities[path] = key.identity
+        return path
 
     def display_key(self, db_key: str) -> str:
         return os.path.basename(db_key)
@@ -105,7 +114,7 @@ class SQLiteBackend(LockBackend):
                 f"SQLite's file locks can't upgrade it to exclusive without letting go. "
                 f"Release the shared hold first."
             )
-        fd = _lock_file(db_key, shared, timeout)
+        fd = _lock_file(db_key, shared, timeout, self._identities.get(db_key))
         if fd is None:
             return False
         try:
@@ -191,8 +200,11 @@ def _check_private(folder: str) -> None:
         )
 
 
-def _lock_file(path: str, shared: bool, timeout: float | None) -> int | None:
+def _lock_file(
+    path: str, shared: bool, timeout: float | None, identity: str | None = None
+) -> int | None:
     """Open and flock the file at ``path``: its descriptor, or None if busy or timed out.
+    The holder's record in it names the key's ``identity`` when its file name is shortened.
 
     A releaser removes the file while it still holds it exclusively, so a waiter can get the
     lock of a file that is no longer at ``path``: it then tries again with the file there
@@ -216,8 +228,7 @@ def _lock_file(path: str, shared: bool, timeout: float | None) -> int | None:
             if not _same_file(path, fd):
                 os.close(fd)
                 continue
-            if not shared:
-                _write_holder(fd)
+            _write_holder(fd, identity)
         except BaseException:
             os.close(fd)
             raise
@@ -272,10 +283,14 @@ def _count(held: _File, shared: bool, step: int) -> None:
         held.exclusive += step
 
 
-def _write_holder(fd: int) -> None:
-    """Record who holds an exclusive lock in its file, so that a busy instance can say."""
+def _write_holder(fd: int, identity: str | None) -> None:
+    """Record who holds the lock in its file, so that a busy instance and the inspector can
+    say, and the key's identity when the file name does not tell it (percent-encoded: one
+    line, no spaces). Shared holders each write theirs: every write is one ``pwrite`` of a
+    whole line from offset 0, so the first line is always one holder's whole record."""
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    record = f"pid={os.getpid()} host={socket.gethostname()} since={since}\n".encode()
+    named = "" if identity is None else f" key={urllib.parse.quote(identity, safe='')}"
+    record = f"pid={os.getpid()} host={socket.gethostname()} since={since}{named}\n".encode()
     # Write, then cut: a reader never sees an empty file, and reads only the first line.
     os.pwrite(fd, record, 0)
     os.ftruncate(fd, len(record))
@@ -305,8 +320,9 @@ class SQLiteInspector(LockInspector):
         pid = min(holders)[1]  # the exclusive holder when there is one
         return _recorded_holder(db_key, pid) or _process(pid)
 
-    def list_locks(self, known: dict[Any, str]) -> Listing:
-        """Lock files in the lock folder, with the flock holders that /proc/locks shows."""
+    def list_locks(self, known: dict[Any, str], names_table: str | None = None) -> Listing:
+        """Lock files in the lock folder, with the flock holders that /proc/locks shows, and
+        the name of each key, from the file's name or, when that is shortened, its record."""
         folder = lock_folder(self.connection)
         files = {}
         with contextlib.suppress(OSError):
@@ -323,7 +339,8 @@ class SQLiteInspector(LockInspector):
         for inode, pid, exclusive, waiting in flocks:
             if inode not in files:
                 continue
-            holder = _recorded_holder(files[inode], pid) or _process(pid)
+            record = _record(files[inode])
+            holder = _holder_of(record, pid) or _process(pid)
             held_for = None
             if not waiting and holder.since is not None:
                 held_for = (
@@ -336,6 +353,7 @@ class SQLiteInspector(LockInspector):
                     granted=not waiting,
                     holder=holder,
                     held_for=held_for,
+                    name=_name_of(files[inode], record),
                 )
             )
         return Listing("/proc/locks", rows)
@@ -355,13 +373,36 @@ class SQLiteInspector(LockInspector):
 
 def _recorded_holder(path: str, pid: int | None) -> Holder | None:
     """The record in the lock file, if it is that of ``pid`` (any pid when ``None``)."""
+    return _holder_of(_record(path), pid)
+
+
+def _record(path: str) -> dict[str, str]:
+    """The fields of the holder's record in the lock file (none if it can't be read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return None
+        return {}
     with open(fd, closefd=True) as lock_file:
         text = lock_file.readline()
-    fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+
+def _name_of(path: str, record: dict[str, str]) -> str | None:
+    """The string key a lock file is for: its record's ``key``, else its file name when that
+    is the key's identity as it is (``namespace:name``; not shortened with a hash)."""
+    identity = urllib.parse.unquote(record["key"]) if "key" in record else None
+    if identity is None:
+        identity = os.path.basename(path).removesuffix(".lock")
+        if "~" in identity:  # shortened (keys.shorten's mark): the record did not say
+            return None
+    if identity.startswith("#"):
+        return None  # an int key: it has no name
+    _namespace, separator, name = identity.partition(":")
+    return name if separator else None
+
+
+def _holder_of(fields: dict[str, str], pid: int | None) -> Holder | None:
+    """The holder a record names, if it is ``pid`` (any pid when ``None``)."""
     if not fields.get("pid", "").isdigit() or pid not in (None, int(fields["pid"])):
         return None
     since = None

@@ -8,7 +8,7 @@ from django.db import models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("advisory_lock", "0008_operator_console_runs"),
+        ("advisory_lock", "0009_lock_names"),
     ]
 
     operations = [

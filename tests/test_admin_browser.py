@@ -194,3 +194,31 @@ def test_a_failed_slot_opens_from_the_schedule_pages_health_strip(
     expect(page.locator(".field-traceback pre")).to_contain_text(
         "RuntimeError: the scheduled job failed on purpose"
     )
+
+
+def test_an_entry_added_in_the_admin_is_run_by_a_live_scheduler(
+    admin_page: Page, admin_site: AdminSite, admin_schedulers
+):
+    using = admin_site.using
+    admin_schedulers.start({})  # nothing in the settings' schedule: it runs what is stored
+    wait_for(lambda: SchedulerHeartbeat.objects.using(using).exists(), "the scheduler's heartbeat")
+    page = admin_page
+    page.goto(admin_site.url("/admin/advisory_lock/storedentry/add/"))
+    page.locator("#id_name").fill("added")
+    page.locator("#id_callable").fill(f"{JOBS}.tick")
+    page.locator("#id_every").fill("3600")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(messages(page)).to_contain_text("was added successfully")
+    # The live scheduler takes the new entry up and runs its current slot (its first run).
+    run = wait_for(
+        lambda: (
+            JobRun.objects.using(using)
+            .filter(job_name="added", status=JobRun.Status.SUCCEEDED)
+            .first()
+        ),
+        "the added entry's first run succeeded",
+        timeout=HANG,
+    )
+    page.goto(admin_site.url(JOB_RUNS))
+    expect(run_row(page, run.period).locator(".jobrun-status")).to_have_text("succeeded")
+    expect(run_row(page, run.period)).to_contain_text("added")

@@ -68,6 +68,7 @@ def seed_schedule() -> None:
     from advisory_lock.models import JobControl
     from advisory_lock.models import JobRun
     from advisory_lock.models import SchedulerHeartbeat
+    from advisory_lock.models import StoredEntry
 
     utc = datetime.timezone.utc
     hour = datetime.timedelta(hours=1)
@@ -101,11 +102,19 @@ def seed_schedule() -> None:
         job_name="send-invoices", period=f"{now:%Y-%m-%dT%H}:00", status="succeeded",
         started_at=now, duration=datetime.timedelta(seconds=8.1), host="web-3", pid=5120,
     )  # fmt: skip
-    for action, back in (("pause", 11.5), ("resume", 9.5), ("pause", 0.2)):
+    for action, back, reason in (
+        ("pause", 11.5, "the price feed is down"),
+        ("resume", 9.5, ""),
+        ("pause", 0.2, "invoices on hold for the month's close"),
+    ):
         JobControl.objects.create(
             job_name="import-prices" if back > 1 else "send-invoices", action=action,
-            requested_at=now - back * hour, requested_by="admin user 'ops'",
+            requested_at=now - back * hour, requested_by="admin user 'ops'", reason=reason,
         )  # fmt: skip
+    # An entry added in the admin at run time (the Stored schedule entries page).
+    StoredEntry.objects.create(
+        name="refresh-search-index", callable="gc.collect", every=900, alert_after=5
+    )
     for host, pid in (("web-1", 812), ("web-2", 790)):
         SchedulerHeartbeat.objects.create(
             host=host,
@@ -161,6 +170,8 @@ def main() -> None:
         ("/admin/advisory_lock/jobrun/", "admin-job-runs.png"),
         (f"/admin/advisory_lock/jobrun/{failed.pk}/change/", "admin-job-run.png"),
         ("/admin/advisory_lock/jobrun/locks/", "admin-held-locks.png"),
+        ("/admin/advisory_lock/storedentry/", "admin-stored-entries.png"),
+        ("/admin/advisory_lock/jobcontrol/", "admin-job-controls.png"),
         (
             "/admin/advisory_lock/jobrun/schedule/timeline/?entry=import-prices&since="
             + since.isoformat().replace("+", "%2B"),

@@ -45,6 +45,14 @@ PAGES = {
     "requests list": ("get", "/admin/advisory_lock/jobcontrol/", {}),
     "requests list, searched": ("get", "/admin/advisory_lock/jobcontrol/", {"q": "alice"}),
     "request page": ("get", "/admin/advisory_lock/jobcontrol/1/change/", {}),
+    "stored entries": ("get", "/admin/advisory_lock/storedentry/", {}),
+    "stored entry, added": (
+        "post", "/admin/advisory_lock/storedentry/add/",
+        {"name": "added", "callable": "gc.collect", "every": "60", "catch_up": "latest",
+         "retries": "1", "alert_after": "3"},
+    ),
+    "stored entry page": ("get", "/admin/advisory_lock/storedentry/1/change/", {}),
+    "stored entry's history": ("get", "/admin/advisory_lock/storedentry/1/history/", {}),
 }  # fmt: skip
 #: How far the app's migrations went on the new database, and whether each request runs in a
 #: transaction there (ATOMIC_REQUESTS: PostgreSQL then refuses every statement after the

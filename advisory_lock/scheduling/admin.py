@@ -21,6 +21,7 @@ from django.http import HttpRequest
 from django.http import HttpResponse
 
 from advisory_lock.conf import get_setting
+from advisory_lock.migrate_pages import says_to_migrate
 from advisory_lock.scheduling.control import JobControl
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.control import set_paused
@@ -89,6 +90,31 @@ class StoredEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.log_change(request, entry, done)
             messages.success(request, done)
 
+    # Each page says to run migrate where the table is missing, as the app's other pages do.
+
+    @says_to_migrate
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @says_to_migrate
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().delete_view(request, object_id, extra_context)
+
+    @says_to_migrate
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().history_view(request, object_id, extra_context)
+
+    @says_to_migrate
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.http import JsonResponse
 from django.urls import path
 
+from advisory_lock import directory
 from advisory_lock import single_instance
 from advisory_lock.dedicated import DedicatedLock
 from testproject.urls import urlpatterns as project_urlpatterns
@@ -39,7 +40,10 @@ async def run_job(request: HttpRequest, job: str, name: str) -> JsonResponse:
 
 
 def held(request: HttpRequest) -> JsonResponse:
-    """The run threads alive in this worker, and its lock connections still open."""
+    """The run threads alive in this worker, and its lock connections still open, once the
+    lock directory's writer (which ends by itself a moment after its last note) has ended."""
+    if directory.recorder is not None:
+        assert directory.recorder.settle(120), "the lock directory's writer did not end"
     threads = [t.name for t in threading.enumerate() if t.name.startswith("advisory_lock")]
     locks = [
         obj.label

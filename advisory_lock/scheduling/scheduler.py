@@ -259,6 +259,8 @@ class Scheduler:
         # Runs whose process died, and how: to record failed (kept while the database is out,
         # and until the server has freed the dead process's lock).
         self._deaths: list[Death] = []
+        # Failed runs (entry, slot, how if the scheduler knows it) to alert of (``reap``).
+        self._failures: list[tuple[Entry, str, str]] = []
         # The outage under way: when its first failed pass was (time.monotonic()), and the
         # wait before the next try.
         self._outage_since: float | None = None
@@ -366,6 +368,7 @@ class Scheduler:
             self._wait_for_workers(_LOOP / 4)
             self.reap()
         self._record_deaths_before_exit()
+        self._alert_failures()
         self.pool.stop()
         self.claims.close()
         return 1 if self.failed else 0
@@ -889,6 +892,7 @@ class Scheduler:
         the entries done with (one statement)."""
         self._collect()
         self._record_deaths()
+        self._alert_failures()
         # Released together, at most once a loop while runs go on here: an entry whose run
         # has ended is done with for now (a retry is this scheduler's), and another
         # scheduler that tries its claim meanwhile leaves its slot to us.
@@ -934,6 +938,14 @@ class Scheduler:
             ended = True
             self._ended(child, status, died=died, why=why)
         return ended
+
+    def _alert_failures(self) -> None:
+        """Send ``slot_failed`` for the runs that failed since the last pass, each once: one
+        that can't be sent now (the database out of reach) waits for the next pass."""
+        while self._failures:
+            entry, slot, how = self._failures[0]
+            slot_failed(self.using, entry, slot, how)
+            del self._failures[0]
 
     def kill(self, child: Child, because: str) -> None:
         child.run.stopped_because = because
@@ -984,7 +996,9 @@ class Scheduler:
         if not died and status in (FAILED, LOST):
             self._settled.discard((child.entry.name, child.slot))  # retried while the latest
             self.say(f"run_jobs: {run} failed.")
-            slot_failed(self.using, child.entry, child.slot)  # the worker recorded it
+            # The worker recorded it; alerted at the next pass (``reap``): no database
+            # access here, which runs while the scheduler waits too (``_wait``).
+            self._failures.append((child.entry, child.slot, ""))
             return
         how = child.run.stopped_because or f"its process died (exit status {status})"
         self._deaths.append(Death(child, how, time.monotonic()))
@@ -1024,7 +1038,7 @@ class Scheduler:
                     f"the slot, or its row was ended already)"
                 )
             self.say(f"run_jobs: {run} failed: {how}{unrecorded}")
-            slot_failed(self.using, child.entry, slot, f"The run {how}{unrecorded}.")
+            self._failures.append((child.entry, slot, f"The run {how}{unrecorded}."))
 
     def _record_deaths_before_exit(self) -> None:
         """Record the deaths, waiting for the server to free their locks (bounded by
@@ -1050,6 +1064,7 @@ class Scheduler:
             self._collect()
             self.pool.stop()
             self._record_deaths_before_exit()
+            self._alert_failures()
         except Exception as error:
             if not is_outage(error):
                 raise

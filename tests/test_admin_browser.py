@@ -222,3 +222,28 @@ def test_an_entry_added_in_the_admin_is_run_by_a_live_scheduler(
     page.goto(admin_site.url(JOB_RUNS))
     expect(run_row(page, run.period).locator(".jobrun-status")).to_have_text("succeeded")
     expect(run_row(page, run.period)).to_contain_text("added")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [JOB_RUNS, SCHEDULE, "/admin/advisory_lock/jobrun/locks/"],
+    ids=["runs", "schedule", "locks"],
+)
+def test_the_consoles_pages_fit_1280_pixels_with_the_sidebar_open(
+    admin_page: Page, admin_site: AdminSite, path: str
+):
+    # Runs of every status, one with a long error and a long host name: the widest cells.
+    started = datetime.datetime(2026, 11, 29, 3, 0, tzinfo=datetime.timezone.utc)
+    for number, status in enumerate(JobRun.Status):
+        JobRun.objects.using(admin_site.using).create(
+            job_name=f"a-rather-long-job-name-{number}", period="2026-11-29T03:00",
+            status=status, started_at=started, host="worker-with-a-long-host-name-17",
+            pid=123456, attempt=2, error="Traceback\n  File x\nValueError: " + "why " * 60,
+        )  # fmt: skip
+    page = admin_page
+    page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'true')")
+    page.goto(admin_site.url(path))
+    expect(page.locator("#nav-sidebar")).to_be_visible()
+    # No part of the page is out of the window: no scrolling sideways to see a column.
+    widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], widths

@@ -526,18 +526,24 @@ class JobControlAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every pause, resume and run-now request, from the command line or the admin, with who
     asked, when and why: read-only (the rows are the entries' history)."""
 
-    list_display = ["requested", "job_name", "action", "requested_by", "reason", "slot"]
+    list_display = ["requested", "job_name", "action_label", "requested_by", "reason", "slot"]
     list_filter = ["action"]
     search_fields = ["job_name", "requested_by", "reason"]
     ordering = ["-requested_at", "-pk"]
     show_full_result_count = False
     list_per_page = 50
-    fields = ["job_name", "action", "requested", "requested_by", "reason", "slot"]
+    fields = ["job_name", "action_label", "requested", "requested_by", "reason", "slot"]
     readonly_fields = fields  # type: ignore[assignment]
 
     @admin.display(description="requested", ordering="requested_at")
     def requested(self, control: JobControl) -> str:
         return shown(control.requested_at)
+
+    @admin.display(description="action", ordering="action")
+    def action_label(self, control: JobControl) -> str:
+        """The action's label; one this version does not know (a later version's row) as
+        stored, where Django's display of a choice field shows only a dash."""
+        return control.get_action_display()
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -194,3 +194,30 @@ def test_every_request_from_the_command_line_or_the_admin_is_listed_with_who_ask
     assert [(row.pk, row.reason) for row in kept] == [(row.pk, row.reason) for row in requests]
     # Staff without the view permission on the requests don't see them.
     assert refused.status_code == 403
+
+
+#: Every action a request can have, and one that no version of the app writes (markup in it).
+ACTIONS = [*JobControl.Action, "<i>later</i>"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_every_requests_action_renders_in_the_requests_admin_and_on_the_schedule_page(
+    using, ledger, action
+):
+    # A request of each action (the stored entries' "change" included, added after the
+    # requests' admin), and one of an action the app does not know: no page fails on it.
+    with console(using, SCHEDULE):
+        row = JobControl.objects.using(using).create(
+            job_name=ENTRY, action=action, requested_at=server_now(using),
+            requested_by="someone", reason="why not",
+        )  # fmt: skip
+        alice = client_of("alice", "view_jobrun", "view_jobcontrol")
+        listed = alice.get(REQUESTS)
+        filtered = alice.get(REQUESTS, {"action": action})
+        page = alice.get(f"{REQUESTS}{row.pk}/change/")
+        schedule = alice.get(reverse(SCHEDULE_PAGE))
+    assert (listed.status_code, filtered.status_code, page.status_code) == (200, 200, 200)
+    assert schedule.status_code == 200
+    label = dict(JobControl.Action.choices).get(action, action)
+    assert escape(label) in listed.content.decode()
+    assert escape(label) in page.content.decode()

@@ -31,6 +31,7 @@ from django.urls import path
 from django.urls import reverse
 from django.utils.html import format_html
 
+from advisory_lock.admin_writes import writes_first
 from advisory_lock.backends import backend_for
 from advisory_lock.backends import inspector_for
 from advisory_lock.backends import is_supported
@@ -247,6 +248,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().changeform_view(request, object_id, form_url, context)
 
     @says_to_migrate
+    @writes_first
     def delete_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import weakref
@@ -394,6 +395,13 @@ class LockInspector:
     def cluster_problem(self) -> str | None:
         """Why locks can't exclude across the nodes of this server's cluster, or None."""
         return None
+
+    def writer_from_the_start(self, table: str) -> contextlib.AbstractContextManager[None]:
+        """A block whose transaction writes before it reads, where a transaction that read
+        first can't wait for the right to write (SQLite); ``table`` is a table it may name
+        to do so (it changes no row). Elsewhere the block as it is: on PostgreSQL and MySQL
+        a write waits for the rows it needs, whatever the transaction did before."""
+        return contextlib.nullcontext()
 
     def exact_collation(self) -> str | None:
         """A collation that compares text exactly, for columns whose default does not."""

@@ -20,10 +20,12 @@ import stat
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 
 from advisory_lock.backends.base import PROCESS_ID
 from advisory_lock.backends.base import Holder
@@ -369,6 +371,20 @@ class SQLiteInspector(LockInspector):
     def database_now(self) -> datetime.datetime:
         # SQLite is a file on this host: its clock is this host's.
         return datetime.datetime.now(datetime.timezone.utc)
+
+    @contextlib.contextmanager
+    def writer_from_the_start(self, table: str) -> Iterator[None]:
+        # SQLite allows one writer per database file. A transaction that has read and then
+        # writes gets SQLITE_BUSY at once if another connection writes, without calling the
+        # busy handler (sqlite3_busy_handler: waiting could deadlock, so SQLite returns
+        # "database is locked" instead). A transaction whose first statement writes waits for
+        # the write lock up to the busy timeout (the ``timeout`` option), and then keeps it.
+        # Any write statement takes the lock when it starts, one matching no row too (the
+        # same as Django 5.1+'s OPTIONS["transaction_mode"] = "IMMEDIATE" for one block).
+        with transaction.atomic(using=self.connection.alias):
+            with self.connection.cursor() as cursor:
+                cursor.execute(f"DELETE FROM {self.connection.ops.quote_name(table)} WHERE 0")
+            yield
 
 
 def _recorded_holder(path: str, pid: int | None) -> Holder | None:

@@ -20,6 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.http import HttpResponse
 
+from advisory_lock.admin_writes import writes_first
 from advisory_lock.conf import get_setting
 from advisory_lock.migrate_pages import says_to_migrate
 from advisory_lock.scheduling.control import JobControl
@@ -90,9 +91,11 @@ class StoredEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.log_change(request, entry, done)
             messages.success(request, done)
 
-    # Each page says to run migrate where the table is missing, as the app's other pages do.
+    # Each page says to run migrate where the table is missing, as the app's other pages do;
+    # a save or a delete writes first (where a transaction that read first can't wait).
 
     @says_to_migrate
+    @writes_first
     def changeform_view(
         self,
         request: HttpRequest,
@@ -103,6 +106,7 @@ class StoredEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     @says_to_migrate
+    @writes_first
     def delete_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

@@ -67,6 +67,7 @@ from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
+from advisory_lock.server_clock import ledger_now
 from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_text
 
@@ -322,7 +323,7 @@ def _claim(
     # insert each number. So the latest attempt's number counts the slot's attempts,
     # fleet-wide, and no claim inserts a number above ``max_attempts``, however many race.
     # (Pruning keeps attempt 1 and the latest attempt of every slot that can be claimed.)
-    now = inspector_for(connections[using]).database_now()
+    now = ledger_now(using)
     this_slot = slot(period, now)
     rows = JobRun.objects.using(using)
     attempts = rows.filter(job_name=job_name, period=this_slot)
@@ -440,7 +441,7 @@ def finish(
     refused: list[str] = []  # why the success could not be recorded, if it could not
 
     def record() -> int:
-        now = inspector_for(connections[using]).database_now()
+        now = ledger_now(using)
         running = _while(using, run, Status.RUNNING)
         end: dict[str, Any] = {
             "finished_at": to_field(now),

@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("declarations", ("periods", "queues", "schedule", "expectations")),
-    ("ledger", ("ledger", "migrate_pages", "admin_writes")),
+    ("ledger", ("server_clock", "ledger", "migrate_pages", "admin_writes")),
     ("guarded runs", ("single_instance", "once", "tasks")),
     ("scheduling", ("scheduling",)),
     (

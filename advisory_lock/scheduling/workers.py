@@ -41,6 +41,7 @@ from advisory_lock.own_connection import close_kept_connection
 from advisory_lock.own_connection import keep_ledger_connection
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.control import REQUEST_EXPIRES
+from advisory_lock.server_clock import count_from_readings
 from advisory_lock.single_instance.guarded import GuardedRun
 
 logger = logging.getLogger("advisory_lock")
@@ -202,6 +203,7 @@ def _serve(
         signal.signal(signum, signal.SIG_IGN)
     lock_connection = dedicated_connection(direct_alias(using), "run_jobs worker")
     keep_ledger_connection()  # the ledger's writes on kept connections, not one each
+    count_from_readings()  # the server's clock read once a second, not at each claim and end
     while True:
         try:
             if not jobs.poll(IDLE_CLOSE):

@@ -32,6 +32,8 @@ from advisory_lock.keys import LockKey
 from advisory_lock.keys import make_key
 from advisory_lock.validation import check_alias
 from advisory_lock.validation import check_wait
+from advisory_lock.watchdog import Watch
+from advisory_lock.watchdog import Watchdog
 
 logger = logging.getLogger("advisory_lock")
 T = TypeVar("T")
@@ -48,6 +50,10 @@ def direct_alias(alias: str) -> str:
 
 #: The lock backend of each kept connection (see ``DedicatedLock``).
 _kept_backends: weakref.WeakKeyDictionary[BaseDatabaseWrapper, LockBackend] = (
+    weakref.WeakKeyDictionary()
+)
+#: The watchdog of each kept connection: one thread watches its locks, one after the other.
+_kept_watchdogs: weakref.WeakKeyDictionary[BaseDatabaseWrapper, Watchdog] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -110,8 +116,8 @@ class DedicatedLock:
         #: heartbeat once ``watch()`` started, else ``EXIT_DEADLINE``.
         self.deadline = EXIT_DEADLINE
         self._mutex = threading.Lock()
-        self._stop = threading.Event()
-        self._watchdog: threading.Thread | None = None
+        self._watchdog: Watchdog | None = None
+        self._watch: Watch | None = None
         self._checkers: set[threading.Thread] = set()  # checks still waiting for an answer
 
     def acquire(self, wait: float) -> bool:
@@ -192,17 +198,20 @@ class DedicatedLock:
 
         self.deadline = heartbeat
 
-        def run() -> None:
-            while not self._stop.wait(heartbeat):
-                if not self._held_within(heartbeat) and not self._stop.is_set():
-                    self.lost = True
-                    on_lost()
-                    return
+        def lost() -> None:
+            self.lost = True
+            on_lost()
 
-        self._watchdog = threading.Thread(
-            target=run, name=f"advisory_lock:{self.label}", daemon=True
-        )
-        self._watchdog.start()
+        name = f"advisory_lock:{self.label}"
+        if self.kept:
+            # A kept connection's locks share one watchdog thread, started with the first.
+            watchdog = _kept_watchdogs.get(self.connection)
+            if watchdog is None:
+                watchdog = _kept_watchdogs[self.connection] = Watchdog(name)
+        else:
+            watchdog = Watchdog(name)
+        self._watchdog = watchdog
+        self._watch = watchdog.watch(self._held_within, heartbeat, lost)
 
     def _held_within(self, seconds: float) -> bool:
         """Is the lock still held? False on an error, or on no answer within ``seconds``."""
@@ -247,10 +256,15 @@ class DedicatedLock:
         return value  # type: ignore[return-value]
 
     def stop_watching(self) -> None:
-        """Stop the watchdog and wait for it: after this, ``on_lost`` is never called."""
-        self._stop.set()
-        if self._watchdog is not None:
-            self._watchdog.join()
+        """Stop the watchdog and wait for it: after this, ``on_lost`` is never called. A
+        kept connection's watchdog only stops watching this lock; its thread goes on."""
+        watchdog, watch = self._watchdog, self._watch
+        if watchdog is None or watch is None:
+            return
+        if self.kept:
+            watchdog.unwatch(watch)
+        else:
+            watchdog.close()
 
     def release(self) -> None:
         """Stop the watchdog, release the lock (``LockLost`` if it was gone), close."""

@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "backends",
             "holds",
             "server_waits",
+            "watchdog",
             "dedicated",
             "heartbeat",
             "own_connection",

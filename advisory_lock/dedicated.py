@@ -8,7 +8,10 @@ database closes when the process dies.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -72,6 +75,15 @@ def dedicated_connection(using: str, label: str) -> BaseDatabaseWrapper:
     # owner (the mutex): Django must let both threads use the connection.
     connection.inc_thread_sharing()
     return connection
+
+
+def close_dedicated_connection(connection: BaseDatabaseWrapper) -> None:
+    """Close a connection of ``dedicated_connection()`` that was kept from lock to lock, and
+    end its watchdog's thread (a later lock on it starts another)."""
+    watchdog = _kept_watchdogs.pop(connection, None)
+    if watchdog is not None:
+        watchdog.close()
+    connection.close()
 
 
 class DedicatedLock:
@@ -183,7 +195,7 @@ class DedicatedLock:
     def verify(self, timeout: float = 10) -> bool:
         """Is the lock still held? Asks the database (one statement), within ``timeout``. A
         lock this can't prove held counts as lost from then on."""
-        if not self.lost and not self._held_within(timeout):
+        if not self.lost and not self._held_within(timeout, on_this_thread=True):
             self.lost = True
         return not self.lost
 
@@ -213,23 +225,43 @@ class DedicatedLock:
         self._watchdog = watchdog
         self._watch = watchdog.watch(self._held_within, heartbeat, lost)
 
-    def _held_within(self, seconds: float) -> bool:
+    def _held_within(self, seconds: float, *, on_this_thread: bool = False) -> bool:
         """Is the lock still held? False on an error, or on no answer within ``seconds``."""
         try:
-            return self._within(seconds, lambda: self.backend.is_held(self.db_key))
+            return self._within(
+                seconds, lambda: self.backend.is_held(self.db_key), on_this_thread=on_this_thread
+            )
         except Exception:
             return False
 
-    def _within(self, seconds: float, statement: Callable[[], T]) -> T:
+    def _within(
+        self, seconds: float, statement: Callable[[], T], *, on_this_thread: bool = False
+    ) -> T:
         """``statement()`` on the lock's connection, under the mutex, answered within
         ``seconds``: its result or its error; ``TimeoutError`` if no answer came by then.
 
         A socket read has no deadline of its own here (libpq and mysqlclient wait for as long
         as the kernel keeps the connection, and on a silent network, a black-holed route or
-        a hung middlebox that still ACKs, that is for ever), so the statement runs in a
+        a hung middlebox that still ACKs, that is for ever). So the statement runs in a
         thread of its own that the caller stops waiting for. Such a thread is remembered
         until it ends: it owns the connection, which nothing else may touch (see close()).
+
+        ``on_this_thread``: on a kept connection whose watchdog thread runs (a scheduler's
+        worker, between its runs' checks), the statement runs on the caller's thread instead,
+        and the watchdog keeps its deadline (``Watchdog.within``): at the deadline it shuts
+        the connection's socket down, which ends the statement's read at once with an error.
+        A thread started and joined per statement cost a worker more than the statement.
+        Locks that are this process's own (``local_locks``: SQLite's files) wait on no
+        network: there, such a statement runs on the caller's thread without a deadline.
         """
+        if on_this_thread and self.backend.local_locks:
+            with self._mutex:
+                return statement()
+        watchdog = self._watchdog if on_this_thread and self.kept else None
+        if watchdog is not None and watchdog.can_keep_deadlines():
+            socket_fd = self.backend.session_socket()
+            if socket_fd is not None:
+                return self._within_deadline(watchdog, socket_fd, seconds, statement)
         outcome: list[tuple[bool, object]] = []
 
         def run() -> None:
@@ -255,6 +287,27 @@ class DedicatedLock:
             raise value
         return value  # type: ignore[return-value]
 
+    def _within_deadline(
+        self, watchdog: Watchdog, socket_fd: int, seconds: float, statement: Callable[[], T]
+    ) -> T:
+        """``statement()`` on this thread, its deadline kept by ``watchdog`` (see
+        ``_within``). A statement whose socket was shut down raises ``TimeoutError``, even
+        if its answer came just before: the connection can't be used again."""
+        with watchdog.within(seconds, lambda: shut_down(socket_fd)) as deadline:
+            try:
+                with self._mutex:
+                    result = statement()
+            except Exception as error:
+                if deadline.expired:
+                    raise TimeoutError(
+                        f"the database did not answer within {seconds:g}s"
+                    ) from error
+                raise
+        if deadline.expired:
+            self._trouble = True
+            raise TimeoutError(f"the database did not answer within {seconds:g}s")
+        return result
+
     def stop_watching(self) -> None:
         """Stop the watchdog and wait for it: after this, ``on_lost`` is never called. A
         kept connection's watchdog only stops watching this lock; its thread goes on."""
@@ -274,7 +327,9 @@ class DedicatedLock:
             if self.lost:
                 raise LockLost(self.lost_message())
             try:
-                released = self._within(self.deadline, self._release_statement)
+                released = self._within(
+                    self.deadline, self._release_statement, on_this_thread=True
+                )
             except (DatabaseError, TimeoutError) as error:
                 self._trouble = True
                 self.lost = True
@@ -308,7 +363,9 @@ class DedicatedLock:
         self.stop_watching()
         try:
             held = self.acquired_at is not None and not self.lost and not self._checkers
-            if held and not self._within(self.deadline, self._release_statement):
+            if held and not self._within(
+                self.deadline, self._release_statement, on_this_thread=True
+            ):
                 self._trouble = True
         except Exception:
             self._trouble = True
@@ -337,3 +394,12 @@ class DedicatedLock:
                     "%s: closing the lock's connection failed.", self.label, exc_info=True
                 )
             self.backend.end_session()
+
+
+def shut_down(socket_fd: int) -> None:
+    """Shut down the socket ``socket_fd`` both ways (shutdown(2)): a read waiting on it, in
+    any thread, returns at once (end of file). The descriptor stays open, the driver's to
+    close: the shutdown goes through a duplicate, which is closed here."""
+    with contextlib.suppress(OSError):
+        with socket.socket(fileno=os.dup(socket_fd)) as duplicate:
+            duplicate.shutdown(socket.SHUT_RDWR)

@@ -10,13 +10,21 @@ is not woken for it: it wakes when the check it planned falls due, and then plan
 one from what it watches then. So each lock is checked first ``heartbeat`` seconds after
 ``watch()``, and every ``heartbeat`` seconds after each check, exactly as a thread of its own
 would.
+
+The same thread keeps the deadline of a statement that its owner runs on the lock's
+connection (``within()``): at the deadline it calls the statement's ``expire()``, which shuts
+the connection's socket down, and the statement's read ends at once with an error. So such a
+statement runs on the caller's thread, not on a thread started for it (see
+``DedicatedLock._within``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from time import monotonic
 
@@ -33,6 +41,16 @@ class Watch:
     due: float
 
 
+@dataclass(eq=False)
+class Deadline:
+    """A statement's deadline: ``expire()`` is called once, from the watchdog's thread, if
+    the statement has not ended by ``due`` (``time.monotonic()``); ``expired`` says so."""
+
+    due: float
+    expire: Callable[[], None]
+    expired: bool = False
+
+
 class Watchdog:
     """A thread that watches one lock at a time (see the module's docstring).
 
@@ -46,6 +64,8 @@ class Watchdog:
         self._watched: Watch | None = None
         #: The watch whose check (or whose ``on_lost``) is running, outside the condition.
         self._checking: Watch | None = None
+        #: The deadline of the statement running on the watched connection, if any.
+        self._deadline: Deadline | None = None
         #: When the thread wakes next, if it waits (None: only when notified).
         self._wakes_at: float | None = None
         self._closed = False
@@ -78,6 +98,34 @@ class Watchdog:
             while self._checking is watch:
                 self._condition.wait()
 
+    def can_keep_deadlines(self) -> bool:
+        """Can ``within()`` be used now: the thread runs, keeps no other deadline, and is
+        not the caller (a check of its own can't be timed by itself)?"""
+        with self._condition:
+            return (
+                self._thread is not None
+                and self._thread.is_alive()
+                and self._thread is not threading.current_thread()
+                and self._deadline is None
+                and not self._closed
+            )
+
+    @contextlib.contextmanager
+    def within(self, seconds: float, expire: Callable[[], None]) -> Iterator[Deadline]:
+        """A deadline for the block (see ``can_keep_deadlines``): ``expire()`` is called if
+        the block has not ended ``seconds`` from now. Once the block has ended it is never
+        called: it runs under the condition, which the block's end takes."""
+        deadline = Deadline(monotonic() + seconds, expire)
+        with self._condition:
+            self._deadline = deadline
+            if self._wakes_at is None or self._wakes_at > deadline.due:
+                self._condition.notify()  # it would wake too late for this deadline
+        try:
+            yield deadline
+        finally:
+            with self._condition:
+                self._deadline = None
+
     def close(self) -> None:
         """Stop watching and end the thread, and wait for it (unless called from it)."""
         with self._condition:
@@ -93,10 +141,19 @@ class Watchdog:
     def _run(self) -> None:
         with self._condition:
             while not self._closed:
-                watch, now = self._watched, monotonic()
+                watch, deadline, now = self._watched, self._deadline, monotonic()
+                if deadline is not None and not deadline.expired and now >= deadline.due:
+                    deadline.expired = True
+                    deadline.expire()  # a shutdown(2): it does not wait
+                    continue
                 if watch is None or now < watch.due:
-                    # Nothing to check (or a lock found lost: never again) until notified.
-                    self._wakes_at = None if watch is None or watch.due == math.inf else watch.due
+                    # Until the next check or deadline; a lock found lost is never checked
+                    # again, and with neither it waits until notified.
+                    wakes_at = min(
+                        math.inf if watch is None else watch.due,
+                        math.inf if deadline is None or deadline.expired else deadline.due,
+                    )
+                    self._wakes_at = None if wakes_at == math.inf else wakes_at
                     self._condition.wait(None if self._wakes_at is None else self._wakes_at - now)
                     continue
                 self._wakes_at = None

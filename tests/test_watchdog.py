@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from advisory_lock.dedicated import DedicatedLock
+from advisory_lock.dedicated import close_dedicated_connection
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
 from tests.servers import kill_connection_of
@@ -40,7 +41,8 @@ def test_a_kept_connections_locks_are_watched_by_one_thread(using):
         assert seen == [seen[0]] * 3  # the same thread watched the three locks
         assert seen[0][0].is_alive()  # and waits for the next
     finally:
-        connection.close()
+        close_dedicated_connection(connection)
+    assert not seen[0][0].is_alive()  # ended with the connection
 
 
 def test_a_lock_on_a_connection_of_its_own_has_a_watchdog_that_ends_with_it(using):
@@ -91,4 +93,35 @@ def test_a_kept_connections_later_lock_is_found_lost(using):
         [thread] = watchdog_threads(label)
         assert thread.is_alive()  # it watches the connection's next lock
     finally:
-        connection.close()
+        close_dedicated_connection(connection)
+
+
+def test_a_kept_connections_later_runs_start_no_thread(using, monkeypatch):
+    """Once its watchdog runs, a kept connection's lock is taken, watched, checked and
+    released with no thread started: the watchdog's thread keeps the deadlines of the check
+    and the release, which run on the caller's thread (SQLite's statements cross no network:
+    they need no deadline, nor a thread)."""
+    label = f"kept-threads-{using}"
+    connection = dedicated_connection(direct_alias(using), label)
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    try:
+        for number in range(3):
+            if number == 1:
+                monkeypatch.setattr(threading.Thread, "start", counted_start)
+            lock = DedicatedLock(
+                f"{label}-{number}", using=using, label=label, connection=connection
+            )
+            assert lock.acquire(0)
+            lock.watch(QUIET_HEARTBEAT, lambda: None)
+            assert lock.verify(QUIET_HEARTBEAT)
+            lock.release()
+        assert started == []
+    finally:
+        monkeypatch.undo()
+        close_dedicated_connection(connection)

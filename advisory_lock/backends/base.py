@@ -156,6 +156,14 @@ class LockBackend:
         server session (SQLite) or no connection."""
         return None
 
+    def session_socket(self) -> int | None:
+        """The file descriptor of the socket this connection's statements travel on, as the
+        driver gives it (no statement); None where statements cross no network (SQLite) or
+        there is no open connection. Shutting the socket down (shutdown(2)) from another
+        thread ends a statement waiting on it: its read returns at once (end of file), and
+        the driver raises an error."""
+        return None
+
     def session(self) -> object:
         """What a session lock lives as long as: the driver connection by default (the
         server drops its locks when it closes). A lock whose session changed is lost."""

@@ -184,6 +184,17 @@ class MySQLBackend(LockBackend):
         raw = self.connection.connection
         return None if raw is None else int(raw.thread_id())
 
+    def session_socket(self) -> int | None:
+        # mysqlclient's documented Connection.fileno(): the client library's socket. A
+        # closed connection raises (ProgrammingError, InterfaceError): no socket then.
+        raw = self.connection.connection
+        if raw is None:
+            return None
+        try:
+            return int(raw.fileno())
+        except Exception:
+            return None
+
     def held_by(self, db_key: Any, session: tuple[int, str, int]) -> bool:
         connection_id, host, started = int(session[0]), str(session[1]), int(session[2])
         # The start, computed from two clocks read a moment apart, may be one second off.

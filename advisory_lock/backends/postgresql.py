@@ -432,6 +432,11 @@ class PostgreSQLBackend(LockBackend):
         raw = self.connection.connection
         return None if raw is None else int(raw.info.backend_pid)
 
+    def session_socket(self) -> int | None:
+        # psycopg's documented Connection.fileno(): libpq's socket (PQsocket).
+        raw = self.connection.connection
+        return None if raw is None or raw.closed else int(raw.fileno())
+
     def held_by(self, db_key: Any, session: tuple[int, int]) -> bool:
         # pg_locks shows every session's locks, with its server pid (its documented "pid").
         pid, started = int(session[0]), int(session[1])

@@ -7,8 +7,9 @@ as a process of its own would. It keeps its connections from one run to the next
 (closed after a failed run, so that the next starts clean; the ledger's writes go on it
 between the runs' transactions, else on one kept thread's: see ``keep_ledger_connection``)
 and the one it takes entries' locks on (closed only after
-trouble: see ``DedicatedLock``); all three are closed once it has waited ``IDLE_CLOSE``
-seconds for a run, so that an idle fleet holds only its schedulers' connections.
+trouble: see ``DedicatedLock``), with one watchdog thread for its locks; all three are
+closed once it has waited ``IDLE_CLOSE`` seconds for a run, so that an idle fleet holds only
+its schedulers' connections.
 
 Runs stay isolated: a run past its timeout, or a worker killed from outside, ends that
 worker only (SIGKILL: its connections die with it, and the server frees its lock); the
@@ -34,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from advisory_lock.dedicated import close_dedicated_connection
 from advisory_lock.dedicated import dedicated_connection
 from advisory_lock.dedicated import direct_alias
 from advisory_lock.exceptions import LockLost
@@ -211,7 +213,7 @@ def _serve(
                 # schedulers' (they reopen at the next run).
                 connections.close_all()
                 close_kept_connection()
-                lock_connection.close()
+                close_dedicated_connection(lock_connection)  # and its watchdog's thread
             entry, slot, manual = jobs.recv()
         except (EOFError, OSError):
             _exit(0)

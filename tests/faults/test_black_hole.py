@@ -18,6 +18,7 @@ forwarding both ways without closing anything: the holder hears nothing, nor doe
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -210,3 +211,38 @@ def sleeping_sessions(using: str) -> list[int]:
 def query_waits(using: str) -> bool:
     """Is a session of this test database sleeping in the job's query, as the server says?"""
     return bool(sleeping_sessions(using))
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_kept_lock_connections_check_behind_the_black_hole_ends_at_its_deadline(using, proxy):
+    """A scheduler's worker checks its run's lock on its own thread, with the deadline kept
+    by its watchdog's thread (no thread per statement): behind a black hole the check still
+    ends, the lock counted lost, and the release after it fails as lost, not hangs."""
+    from advisory_lock.dedicated import DedicatedLock
+    from advisory_lock.dedicated import close_dedicated_connection
+    from advisory_lock.exceptions import LockLost
+
+    shared = connections[using]
+    through_proxy = {**shared.settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
+    connection = type(shared)(through_proxy, using)
+    connection.inc_thread_sharing()
+    lock = DedicatedLock("kept-black-hole", using=using, label="kept", connection=connection)
+    assert lock.acquire(0)
+    lock.watch(3600, lambda: None)  # its own checks never fall due here
+    proxy.black_hole()
+    outcome: list[object] = []
+
+    def check_and_release() -> None:
+        outcome.append(lock.verify(HEARTBEAT))
+        try:
+            lock.release()
+        except LockLost as lost:
+            outcome.append(lost)
+
+    checker = threading.Thread(target=check_and_release, daemon=True)
+    checker.start()
+    checker.join(HANG)
+    assert not checker.is_alive(), "the check behind the black hole did not end"
+    close_dedicated_connection(connection)
+    assert outcome[0] is False and lock.lost
+    assert isinstance(outcome[1], LockLost)

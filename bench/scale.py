@@ -20,9 +20,10 @@ schedulers their phases run one after the other, in alternating order.
 Each database server is a private one, started for the run in a temporary folder on a free
 127.0.0.1 port and removed at the end: PostgreSQL with ``pg_stat_statements`` loaded, MariaDB
 with the performance schema on (the machine's servers have neither, and turning them on takes
-a restart), every other setting at its default (``max_connections`` 100 and 151 too). The
-server counts what the fleet costs it, in the fleet's database only (``bench_scale``; the
-script's own look-ups go to another database, or happen outside the windows):
+a restart), every other setting at its default (``max_connections`` 100 and 151 too, unless
+``--max-connections`` sets it). The server counts what the fleet costs it, in the fleet's
+database only (``bench_scale``; the script's own look-ups go to another database, or happen
+outside the windows):
 
 - statements: ``pg_stat_statements.calls``, ``COUNT_STAR`` of
   ``performance_schema.events_statements_summary_by_digest``; every statement a client sends,
@@ -282,8 +283,10 @@ class Server:
     name = ""
     vendor = ""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, max_connections: int | None = None) -> None:
         self.folder = folder
+        #: The server's connection limit (None: its default, 100 and 151).
+        self.max_connections = max_connections
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.version = ""
@@ -407,6 +410,8 @@ class PostgreSQL(Server):
             "pg_stat_statements.max": 10000,
             "pg_stat_statements.track_utility": "on",
         }
+        if self.max_connections is not None:
+            settings["max_connections"] = self.max_connections
         options = [part for key, value in settings.items() for part in ("-c", f"{key}={value}")]
         with (self.folder / "server.log").open("wb") as log:
             self.process = subprocess.Popen(
@@ -530,7 +535,9 @@ class MariaDB(Server):
                 [server, "--no-defaults", f"--basedir={base}", f"--datadir={data}", *user,
                  f"--socket={self.folder / 'sock'}", f"--port={self.port}",
                  "--bind-address=127.0.0.1", f"--pid-file={self.folder / 'pid'}",
-                 "--skip-name-resolve", "--performance-schema=ON"],
+                 "--skip-name-resolve", "--performance-schema=ON",
+                 *([] if self.max_connections is None
+                   else [f"--max-connections={self.max_connections}"])],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
         self.wait_ready()
@@ -1470,6 +1477,11 @@ def main() -> None:
     parser.add_argument(
         "--poll-interval", type=float, help="run_jobs --poll-interval (its default: 1)"
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        help="the private servers' max_connections (their defaults: 100, 151)",
+    )
     parser.add_argument("--fleets", default="64,1000", help="computed rows (64,1000)")
     parser.add_argument("--only", default="postgresql,mysql", help="postgresql,mysql")
     parser.add_argument("--verbose", action="store_true", help="each statement's count")
@@ -1491,7 +1503,7 @@ def main() -> None:
             + "; ".join(f"{code.label}: {code.revision}" for code in codes)
         )
         for vendor in args.only.split(","):
-            server = SERVERS[vendor](folder / f"{vendor}-server")
+            server = SERVERS[vendor](folder / f"{vendor}-server", args.max_connections)
             server.folder.mkdir()
             windows: list[Window] = []
             failed: list[tuple[str, str, int, list[str]]] = []

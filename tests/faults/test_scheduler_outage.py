@@ -37,6 +37,7 @@ import pytest
 from django.db import connections
 
 from advisory_lock import JobRun
+from advisory_lock.scheduling.liveness import SchedulerHeartbeat
 from tests.faults.helpers import report
 from tests.faults.helpers import require_restartable
 from tests.faults.helpers import server_is_up
@@ -238,13 +239,22 @@ def test_three_schedulers_ride_out_a_server_restart_and_run_each_slot_due_after_
         },
     }
     schedulers = [fleet.start(using, schedule, "--stop-grace", "10") for _ in range(3)]
+    # Each scheduler at work: it started a job, or its heartbeat row is written (it has swept
+    # and shares the entries: the three share two, and the one that owns neither runs a slot
+    # only when it claims it first, which may not happen for a while); and the fleet has run
+    # a few ticks since.
+    beating = SchedulerHeartbeat.objects.using(using)
+
+    def at_work(process: subprocess.Popen) -> bool:
+        return " started (pid " in fleet.out(process) or beating.filter(pid=process.pid).exists()
+
     fleet.wait(
         lambda: (
-            all(" started (pid " in fleet.out(process) for process in schedulers)
+            all(at_work(process) for process in schedulers)
             and (tmp_path / "slow.pid").exists()
-            and ledger.filter(job_name="tick", status=Status.SUCCEEDED).exists()
+            and ledger.filter(job_name="tick", status=Status.SUCCEEDED).count() >= 5
         ),
-        "the fleet at work: each scheduler started a job, the slow one is running",
+        "the fleet at work: each scheduler at work, the slow job running, 5 ticks done",
     )
     slow_job = int((tmp_path / "slow.pid").read_text().split()[0])
 

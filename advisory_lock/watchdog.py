@@ -15,7 +15,8 @@ The same thread keeps the deadline of a statement that its owner runs on the loc
 connection (``within()``): at the deadline it calls the statement's ``expire()``, which shuts
 the connection's socket down, and the statement's read ends at once with an error. So such a
 statement runs on the caller's thread, not on a thread started for it (see
-``DedicatedLock._within``).
+``DedicatedLock._within``). A deadline that falls due while a check of the watched lock runs
+is kept when the check ends: the check has its own deadline, ``heartbeat``.
 """
 
 from __future__ import annotations

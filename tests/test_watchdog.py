@@ -71,13 +71,8 @@ def test_a_kept_connections_later_lock_is_found_lost(using):
         first.release()
         second = DedicatedLock(f"{label}-2", using=using, label=label, connection=connection)
         assert second.acquire(0)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_backend_pid()"
-                if connection.vendor == "postgresql"
-                else "SELECT CONNECTION_ID()"
-            )
-            session = cursor.fetchone()[0]
+        session = second.backend.session_id()  # the server's id of the lock's session
+        assert session is not None
 
         def on_lost() -> None:
             lost.append("second")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import socket
 import traceback
@@ -326,7 +327,6 @@ def _claim(
     now = ledger_now(using)
     this_slot = slot(period, now)
     rows = JobRun.objects.using(using)
-    attempts = rows.filter(job_name=job_name, period=this_slot)
     attempt = 1
     for _ in range(5):  # a racing claimer may take the attempt we chose: look again
         try:
@@ -349,6 +349,8 @@ def _claim(
             pass
         else:
             return run, None
+        # Built only once an INSERT is refused: most claims insert at the first try.
+        attempts = rows.filter(job_name=job_name, period=this_slot)
         latest = deciding_attempt(attempts)
         if latest is None:
             continue  # pruned meanwhile
@@ -361,7 +363,7 @@ def _claim(
         if max_attempts is not None and latest.attempt >= max_attempts:
             return None, latest  # out of attempts
         attempt = latest.attempt + 1
-    return None, deciding_attempt(attempts)
+    return None, deciding_attempt(rows.filter(job_name=job_name, period=this_slot))
 
 
 def _while(using: str, run: JobRun, status: str) -> models.QuerySet[JobRun]:
@@ -376,8 +378,14 @@ def _while(using: str, run: JobRun, status: str) -> models.QuerySet[JobRun]:
     the other running rows, blocking their fenced ends and deadlocking them (error 1213).
     Through the primary key an UPDATE locks its own row only.
     """
-    rows = JobRun.objects.using(using).alias(fenced_status=Concat("status", Value("")))
-    return rows.filter(pk=run.pk, fenced_status=status)
+    return _fenced_rows().using(using).filter(models.Q(fenced_status=status), pk=run.pk)
+
+
+@functools.cache
+def _fenced_rows() -> models.QuerySet[JobRun]:
+    """The rows with ``fenced_status`` (``_while``), built once: each fenced write filters a
+    copy (``using()`` and ``filter()`` return new QuerySets; this one is never evaluated)."""
+    return JobRun.objects.alias(fenced_status=Concat("status", Value("")))
 
 
 def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:

@@ -32,6 +32,8 @@ outside the windows):
   open at once, sampled every 0.1 s;
 - CPU seconds of the server's processes and of the fleet's (schedulers and job processes),
   from ``/proc``: these depend on the machine and its load (printed), the counts do not.
+  Busy, also those of the boundary's burst, from the window's start to ``BURST`` s after the
+  boundary, apart: the schedulers' own, their workers' (job processes'), the server's.
 
 Two phases per server, version and number of schedulers, each on an emptied ledger, with real
 ``manage.py run_jobs`` processes:
@@ -136,6 +138,8 @@ STARTUP_TIMEOUT = 900
 QUIET = 3.0
 #: The measured window starts this long before a minute boundary (busy phase).
 BEFORE_BOUNDARY = 2.0
+#: The CPU of the boundary's burst is counted up to this many seconds after it (busy).
+BURST = 4.0
 #: The old scheduler's documented rhythm: a look at the clock for due slots every 0.2 s while
 #: idle, a heartbeat every second, a look for run-now requests every poll interval
 #: (``--poll-interval``), a sweep for abandoned runs every minute.
@@ -927,6 +931,9 @@ class Window:
     forks: int = 0
     errors: list[str] = field(default_factory=list)
     texts: dict[str, int] = field(default_factory=dict)
+    # CPU seconds from the window's start to BURST s after the boundary (busy): the
+    # schedulers' own, their workers' (or job processes'), the server's.
+    burst: tuple[float, float, float] | None = None
 
     @property
     def none_alive(self) -> float:
@@ -1118,9 +1125,23 @@ def busy_phase(phase: Phase, schedulers: int, minutes: int) -> Window:
         def sleep_until(moment: datetime.datetime) -> None:
             time.sleep(max(0.0, (moment - observer.now()).total_seconds()))
 
+        def burst_cpu() -> tuple[float, float, float]:
+            pids, parents = server.server_pids()
+            own = fleet.pids()
+            return cpu_seconds(own), cpu_seconds([], own), cpu_seconds(pids, parents)
+
+        burst: list[float] = []
+
+        def until_end() -> None:
+            before = burst_cpu()
+            sleep_until(first + datetime.timedelta(seconds=BURST))
+            burst.extend(after - then for after, then in zip(burst_cpu(), before, strict=True))
+            sleep_until(end)
+
         say(f"  measuring from {start:%H:%M:%S} to {end:%H:%M:%S} (UTC)")
         sleep_until(start)
-        window = measure(observer, code, "busy", schedulers, entries, lambda: sleep_until(end))
+        window = measure(observer, code, "busy", schedulers, entries, until_end)
+        window.burst = (burst[0], burst[1], burst[2])
         window.poll_interval = phase.poll_interval or 1.0
         ended = fleet.children()
         check_trouble(fleet)
@@ -1285,9 +1306,10 @@ def show(
         "connections opened/s, fleet | most open at once | statements / due slot | "
         "connections / due slot | due -> claim p50 / p99 / max (s) | "
         "due -> body p50 / p99 / max (s) | runs started / slot | forked | none alive | "
-        "server CPU (s/s) | fleet CPU (s/s) | load |"
+        "server CPU (s/s) | fleet CPU (s/s) | burst CPU: schedulers / workers / server (s) | "
+        "load |"
     )
-    print(f"| --- | ---: | --- |{' ---: |' * 14} --- |")
+    print(f"| --- | ---: | --- |{' ---: |' * 15} --- |")
     for w in windows:
         busy = w.phase == "busy" and w.slots > 0
         per_slot = (
@@ -1301,6 +1323,7 @@ def show(
             f"{f'{w.runs_started / w.slots:.2f}' if busy else '-'} | "
             f"{w.forks if busy else '-'} | {w.none_alive:.0%} | "
             f"{w.per_second(w.server_cpu):.2f} | {w.per_second(w.fleet_cpu):.2f} | "
+            f"{' / '.join(f'{c:.2f}' for c in w.burst) if w.burst else '-'} | "
             f"{w.load[0]:.1f}-{w.load[1]:.1f} |"
         )
     for code, what, schedulers, lines in failed:

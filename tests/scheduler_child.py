@@ -57,6 +57,7 @@ def main() -> None:
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
         scheduler._elsewhere.clear()
         scheduler._due.clear()  # the entry may have changed since the last command
+        scheduler._ahead.clear()
         if verb == "decide":
             due = Due(slot, scheduler.now(), latest=True)
             last = deciding_attempts(args.using, {entry.name: slot}).get(entry.name)

@@ -224,6 +224,10 @@ class Scheduler:
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
         self._due: dict[str, Boundary] = {}  # per entry, its due slots (see ``_candidates``)
+        # Per entry, the boundary after its ``_due`` one, computed ahead (``prepare``), and
+        # whether every entry's is.
+        self._ahead: dict[str, Boundary] = {}
+        self._prepared = True
         # The earliest ``Boundary.until`` of ``_due`` (None: to be computed again).
         self._next_boundary: datetime.datetime | None = None
         self._released_at = 0.0  # time.monotonic() of the last release of claims
@@ -319,6 +323,8 @@ class Scheduler:
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
                     self.start_due()
+                    if not self._ready:  # not in the middle of a boundary's slots
+                        self.prepare()
                     self.pool.fill()  # in place of workers that died (a fork each)
                 except Exception as error:
                     if not (is_outage(error) or is_refusal(error)):
@@ -392,7 +398,13 @@ class Scheduler:
             (name, due.slot) for name, boundary in self._due.items() for due in boundary.dues
         }
         self._settled &= current
-        self._due.clear()
+        # The missed slots of the entries with catch_up "all" are read again; the others'
+        # due slots are the same (their schedule alone says).
+        self._due = {
+            name: boundary
+            for name, boundary in self._due.items()
+            if self.entries[name].catch_up != "all"
+        }
         self._quiet.clear()
 
     def _polls_now(self, polled_at: float) -> bool:
@@ -729,6 +741,7 @@ class Scheduler:
         self.claims.release(waiting)
         for name in changed:
             self._due.pop(name, None)
+            self._ahead.pop(name, None)
             self._quiet.pop(name, None)
             self._held_back.pop(name, None)
         self._settled = {slot for slot in self._settled if slot[0] not in changed}
@@ -784,20 +797,42 @@ class Scheduler:
         ledger's word (``_wanted``)."""
         cached = self._due.get(entry.name)
         if cached is None or not cached.latest <= now < cached.until:
-            # A new boundary (or the first look): the entry's schedule is read again. Between
-            # two boundaries its slots are those of the last look (a pass over 500 cron
-            # entries then costs no cron arithmetic).
-            latest = next(entry.slots_before(now), None)
-            if latest is None:
-                return []
-            slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
-            dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
-            cached = self._due[entry.name] = Boundary(latest, entry.next_slot(now), dues)
+            # A new boundary (or the first look): the one computed ahead (``prepare``), or
+            # the entry's schedule read again. Between two boundaries its slots are those of
+            # the last look (a pass over 500 cron entries then costs no cron arithmetic).
+            ahead = self._ahead.get(entry.name)
+            if ahead is not None and ahead.latest <= now < ahead.until:
+                cached = self._ahead.pop(entry.name)
+            else:
+                latest = next(entry.slots_before(now), None)
+                if latest is None:
+                    return []
+                slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
+                dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+                cached = Boundary(latest, entry.next_slot(now), dues)
+            self._due[entry.name] = cached
+            self._prepared = False
             if self._next_boundary is not None and cached.until < self._next_boundary:
                 self._next_boundary = cached.until
         if entry.catch_up == "none" and (now - cached.latest).total_seconds() >= entry.interval:
             return []
         return cached.dues
+
+    def prepare(self) -> None:
+        """Compute each entry's next boundary ahead (no statement), so that the pass at a
+        boundary, when the fleet's schedulers all start its slots at once, does no cron
+        arithmetic: an entry's next slot is its ``Boundary.until``, the latest until the slot
+        after it. Not for ``catch_up="all"``, whose due slots are the ledger's word then."""
+        if self._prepared:
+            return
+        for name, boundary in self._due.items():
+            entry = self.entries[name]
+            if name in self._ahead or entry.catch_up == "all":
+                continue
+            until = boundary.until
+            due = Due(entry.slot_name(until), until, True)
+            self._ahead[name] = Boundary(until, entry.next_slot(until), [due])
+        self._prepared = True
 
     def _wanted(self, slots: dict[str, Due]) -> dict[str, Due]:
         """Of ``slots`` (one per entry), those to run now, by the ledger and the pauses: two

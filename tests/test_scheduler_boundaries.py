@@ -2,11 +2,12 @@
 scheduler would compute at the boundary.
 
 At a boundary every scheduler of a fleet starts its slots at once; a scheduler computes each
-entry's next boundary before (``Scheduler.prepare``), so that this pass does no cron
-arithmetic. The boundary computed ahead must be exactly the one computed at it: the same
-slots, named the same, and the same next boundary. Generated here for cron and ``every``
-entries, each ``catch_up`` that is computed ahead, and the ledger's time zones through their
-DST changes (a cron time that does not exist, an hour that repeats).
+entry's next boundary before, halfway to it (``Scheduler.prepare``), so that this pass and
+the runs after it do no cron arithmetic. The boundary computed ahead must be exactly the one
+computed at it: the same slots, named the same, and the same next boundary. Generated here
+for cron and ``every`` entries, each ``catch_up`` that is computed ahead, and the ledger's
+time zones through their DST changes (a cron time that does not exist, an hour that
+repeats).
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def test_the_boundary_computed_ahead_is_the_one_computed_at_it(when, catch_up, z
             moment = start
             for _ in range(STEPS):
                 ahead._candidates(entry, moment)
-                ahead.prepare()
+                current = ahead._due[entry.name]
+                ahead.prepare(current.latest)
+                assert entry.name not in ahead._ahead  # not before halfway to the next slot
+                ahead.prepare(current.latest + (current.until - current.latest) / 2)
                 following = ahead._ahead[entry.name]
-                assert following.latest == ahead._due[entry.name].until
+                assert following.latest == current.until
                 # At the next boundary, and just before the one after it.
                 for at in (following.latest, following.until - datetime.timedelta(microseconds=1)):
                     fresh = Scheduler({entry.name: entry})

@@ -196,6 +196,11 @@ class Boundary(NamedTuple):
     dues: list[Due]
 
 
+def _halfway(boundary: Boundary) -> datetime.datetime:
+    """When the boundary after ``boundary`` is computed ahead (``Scheduler.prepare``)."""
+    return boundary.latest + (boundary.until - boundary.latest) / 2
+
+
 class Scheduler:
     """Runs the due slots of ``entries`` (``ADVISORY_LOCK["SCHEDULE"]``'s) and of the entries
     stored in the database ``using`` (``scheduling.stored``: followed while it runs) on the
@@ -225,9 +230,9 @@ class Scheduler:
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
         self._due: dict[str, Boundary] = {}  # per entry, its due slots (see ``_candidates``)
         # Per entry, the boundary after its ``_due`` one, computed ahead (``prepare``), and
-        # whether every entry's is.
+        # when the next one is to be computed (None: all are).
         self._ahead: dict[str, Boundary] = {}
-        self._prepared = True
+        self._prepare_at: datetime.datetime | None = None
         # The earliest ``Boundary.until`` of ``_due`` (None: to be computed again).
         self._next_boundary: datetime.datetime | None = None
         self._released_at = 0.0  # time.monotonic() of the last release of claims
@@ -323,8 +328,8 @@ class Scheduler:
                         self.sweep()
                         next_sweep = time.monotonic() + _SWEEP
                     self.start_due()
-                    if not self._ready:  # not in the middle of a boundary's slots
-                        self.prepare()
+                    if not self._ready:  # no run waits for a worker
+                        self.prepare(self.now())
                     self.pool.fill()  # in place of workers that died (a fork each)
                 except Exception as error:
                     if not (is_outage(error) or is_refusal(error)):
@@ -811,28 +816,36 @@ class Scheduler:
                 dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
                 cached = Boundary(latest, entry.next_slot(now), dues)
             self._due[entry.name] = cached
-            self._prepared = False
+            halfway = _halfway(cached)
+            if self._prepare_at is None or halfway < self._prepare_at:
+                self._prepare_at = halfway
             if self._next_boundary is not None and cached.until < self._next_boundary:
                 self._next_boundary = cached.until
         if entry.catch_up == "none" and (now - cached.latest).total_seconds() >= entry.interval:
             return []
         return cached.dues
 
-    def prepare(self) -> None:
-        """Compute each entry's next boundary ahead (no statement), so that the pass at a
-        boundary, when the fleet's schedulers all start its slots at once, does no cron
-        arithmetic: an entry's next slot is its ``Boundary.until``, the latest until the slot
-        after it. Not for ``catch_up="all"``, whose due slots are the ledger's word then."""
-        if self._prepared:
+    def prepare(self, now: datetime.datetime) -> None:
+        """Compute ahead the next boundary of each entry halfway to it (no statement), so
+        that the pass at a boundary, when every scheduler of a fleet starts its slots at
+        once, does no cron arithmetic, and neither does the burst of runs after it. An
+        entry's next slot is its ``Boundary.until``, and stays its latest until the slot
+        after that. Not for ``catch_up="all"``, whose due slots are the ledger's word then."""
+        if self._prepare_at is None or now < self._prepare_at:
             return
+        later: datetime.datetime | None = None
         for name, boundary in self._due.items():
             entry = self.entries[name]
             if name in self._ahead or entry.catch_up == "all":
                 continue
+            halfway = _halfway(boundary)
+            if now < halfway:
+                later = halfway if later is None else min(later, halfway)
+                continue
             until = boundary.until
             due = Due(entry.slot_name(until), until, True)
             self._ahead[name] = Boundary(until, entry.next_slot(until), [due])
-        self._prepared = True
+        self._prepare_at = later
 
     def _wanted(self, slots: dict[str, Due]) -> dict[str, Due]:
         """Of ``slots`` (one per entry), those to run now, by the ledger and the pauses: two

@@ -73,3 +73,24 @@ def test_the_boundary_computed_ahead_is_the_one_computed_at_it(when, catch_up, z
                     assert fresh._due[entry.name] == ahead._due[entry.name]
                 assert entry.name not in ahead._ahead  # taken, not computed again
                 moment = following.latest
+
+
+@pytest.mark.parametrize("when", WHEN)
+def test_a_boundary_computed_ahead_and_passed_unused_is_computed_again(when):
+    """A scheduler busy past an entry's next boundary (its runs, an outage) finds the one it
+    computed ahead passed: it computes the current one, and the next ahead again."""
+    entry = _entry("entry", {"callable": "tests.schedule_jobs.nothing", **when})
+    scheduler = Scheduler({entry.name: entry})
+    start = STARTS[0]
+    scheduler._candidates(entry, start)
+    current = scheduler._due[entry.name]
+    scheduler.prepare(current.until)
+    passed = scheduler._ahead[entry.name]
+    later = passed.until + datetime.timedelta(days=3)  # boundaries skipped
+    assert scheduler._candidates(entry, later) == Scheduler({entry.name: entry})._candidates(
+        entry, later
+    )
+    current = scheduler._due[entry.name]
+    assert current.latest > passed.latest
+    scheduler.prepare(current.until)
+    assert scheduler._ahead[entry.name].latest == current.until

@@ -805,10 +805,12 @@ class Scheduler:
             # A new boundary (or the first look): the one computed ahead (``prepare``), or
             # the entry's schedule read again. Between two boundaries its slots are those of
             # the last look (a pass over 500 cron entries then costs no cron arithmetic).
-            ahead = self._ahead.get(entry.name)
+            ahead = self._ahead.pop(entry.name, None)
             if ahead is not None and ahead.latest <= now < ahead.until:
-                cached = self._ahead.pop(entry.name)
+                cached = ahead
             else:
+                if ahead is not None and now < ahead.latest:
+                    self._ahead[entry.name] = ahead  # still to come (one passed is let go)
                 latest = next(entry.slots_before(now), None)
                 if latest is None:
                     return []

@@ -42,7 +42,7 @@ def main() -> None:
 
     from advisory_lock.ledger import deciding_attempts
     from advisory_lock.schedule import _entry
-    from advisory_lock.scheduling.scheduler import Due
+    from advisory_lock.scheduling.boundaries import Due
     from advisory_lock.scheduling.scheduler import Scheduler
 
     said: list[str] = []
@@ -56,8 +56,7 @@ def main() -> None:
         scheduler._order = [entry.name]
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
         scheduler._elsewhere.clear()
-        scheduler._due.clear()  # the entry may have changed since the last command
-        scheduler._ahead.clear()
+        scheduler.boundaries.forget([entry.name])  # the entry may have changed
         if verb == "decide":
             due = Due(slot, scheduler.now(), latest=True)
             last = deciding_attempts(args.using, {entry.name: slot}).get(entry.name)

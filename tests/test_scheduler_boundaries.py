@@ -2,7 +2,7 @@
 scheduler would compute at the boundary.
 
 At a boundary every scheduler of a fleet starts its slots at once; a scheduler computes each
-entry's next boundary before, halfway to it (``Scheduler.prepare``), so that this pass and
+entry's next boundary before, halfway to it (``Boundaries.prepare``), so that this pass and
 the runs after it do no cron arithmetic. The boundary computed ahead must be exactly the one
 computed at it: the same slots, named the same, and the same next boundary. Generated here
 for cron and ``every`` entries, each ``catch_up`` that is computed ahead, and the ledger's
@@ -19,8 +19,9 @@ import pytest
 from django.test import override_settings
 
 from advisory_lock.schedule import CATCH_UP
+from advisory_lock.schedule import Entry
 from advisory_lock.schedule import _entry
-from advisory_lock.scheduling.scheduler import Scheduler
+from advisory_lock.scheduling.boundaries import Boundaries
 
 UTC = datetime.timezone.utc
 WHEN = [
@@ -42,6 +43,10 @@ STARTS = [
 STEPS = 200
 
 
+def no_missed_slots(entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:
+    raise AssertionError("only asked for catch_up='all'")
+
+
 @pytest.mark.parametrize(
     ("when", "catch_up", "zone"),
     [
@@ -52,26 +57,26 @@ STEPS = 200
 )
 def test_the_boundary_computed_ahead_is_the_one_computed_at_it(when, catch_up, zone):
     with override_settings(TIME_ZONE=zone):
-        entry = _entry(
-            "entry", {"callable": "tests.schedule_jobs.nothing", "catch_up": catch_up, **when}
-        )
-        ahead = Scheduler({entry.name: entry})
+        options = {"callable": "tests.schedule_jobs.nothing", "catch_up": catch_up, **when}
+        entry = _entry("entry", options)
+        entries = {entry.name: entry}
+        ahead = Boundaries(no_missed_slots)
         for start in STARTS:
             moment = start
             for _ in range(STEPS):
-                ahead._candidates(entry, moment)
-                current = ahead._due[entry.name]
-                ahead.prepare(current.latest)
-                assert entry.name not in ahead._ahead  # not before halfway to the next slot
-                ahead.prepare(current.latest + (current.until - current.latest) / 2)
-                following = ahead._ahead[entry.name]
+                ahead.dues(entry, moment)
+                current = ahead.current[entry.name]
+                ahead.prepare(entries, current.latest)
+                assert entry.name not in ahead.ahead  # not before halfway to the next slot
+                ahead.prepare(entries, current.halfway)
+                following = ahead.ahead[entry.name]
                 assert following.latest == current.until
                 # At the next boundary, and just before the one after it.
                 for at in (following.latest, following.until - datetime.timedelta(microseconds=1)):
-                    fresh = Scheduler({entry.name: entry})
-                    assert fresh._candidates(entry, at) == ahead._candidates(entry, at)
-                    assert fresh._due[entry.name] == ahead._due[entry.name]
-                assert entry.name not in ahead._ahead  # taken, not computed again
+                    fresh = Boundaries(no_missed_slots)
+                    assert fresh.dues(entry, at) == ahead.dues(entry, at)
+                    assert fresh.current[entry.name] == ahead.current[entry.name]
+                assert entry.name not in ahead.ahead  # taken, not computed again
                 moment = following.latest
 
 
@@ -80,17 +85,14 @@ def test_a_boundary_computed_ahead_and_passed_unused_is_computed_again(when):
     """A scheduler busy past an entry's next boundary (its runs, an outage) finds the one it
     computed ahead passed: it computes the current one, and the next ahead again."""
     entry = _entry("entry", {"callable": "tests.schedule_jobs.nothing", **when})
-    scheduler = Scheduler({entry.name: entry})
-    start = STARTS[0]
-    scheduler._candidates(entry, start)
-    current = scheduler._due[entry.name]
-    scheduler.prepare(current.until)
-    passed = scheduler._ahead[entry.name]
+    entries = {entry.name: entry}
+    boundaries = Boundaries(no_missed_slots)
+    boundaries.dues(entry, STARTS[0])
+    boundaries.prepare(entries, boundaries.current[entry.name].until)
+    passed = boundaries.ahead[entry.name]
     later = passed.until + datetime.timedelta(days=3)  # boundaries skipped
-    assert scheduler._candidates(entry, later) == Scheduler({entry.name: entry})._candidates(
-        entry, later
-    )
-    current = scheduler._due[entry.name]
+    assert boundaries.dues(entry, later) == Boundaries(no_missed_slots).dues(entry, later)
+    current = boundaries.current[entry.name]
     assert current.latest > passed.latest
-    scheduler.prepare(current.until)
-    assert scheduler._ahead[entry.name].latest == current.until
+    boundaries.prepare(entries, current.until)
+    assert boundaries.ahead[entry.name].latest == current.until

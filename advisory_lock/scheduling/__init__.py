@@ -4,6 +4,8 @@ The package's third part, above the locks and the ledger (it imports them, they 
 nothing here):
 
 - ``scheduler``: the loop behind ``run_jobs``: due slots, job processes, the sweep;
+  ``boundaries``, each entry's due slots, computed once per boundary and ahead; ``claims``,
+  which scheduler starts a slot; ``workers``, the job processes forked once;
 - ``control``: operators' pause, resume and run-now requests (``JobControl``);
 - ``stored``: the schedule entries stored in the database (``StoredEntry``), and ``admin``,
   their admin pages;

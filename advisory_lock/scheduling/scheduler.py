@@ -66,7 +66,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
-from typing import NamedTuple
 
 from django.db import connections
 
@@ -81,6 +80,8 @@ from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.alerts import missed_before
 from advisory_lock.scheduling.alerts import slot_failed
+from advisory_lock.scheduling.boundaries import Boundaries
+from advisory_lock.scheduling.boundaries import Due
 from advisory_lock.scheduling.claims import Claims
 from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
@@ -178,29 +179,6 @@ class Death:
     said_waiting: bool = False
 
 
-class Due(NamedTuple):
-    """A slot of an entry that may run now: its name in the ledger, when it fell due, and
-    whether it is the entry's most recent due slot (only that one is retried)."""
-
-    slot: str
-    at: datetime.datetime
-    latest: bool
-
-
-class Boundary(NamedTuple):
-    """An entry's due slots as last looked at: its latest slot, the next one (when they must
-    be looked at again), and the slots that may run."""
-
-    latest: datetime.datetime
-    until: datetime.datetime
-    dues: list[Due]
-
-
-def _halfway(boundary: Boundary) -> datetime.datetime:
-    """When the boundary after ``boundary`` is computed ahead (``Scheduler.prepare``)."""
-    return boundary.latest + (boundary.until - boundary.latest) / 2
-
-
 class Scheduler:
     """Runs the due slots of ``entries`` (``ADVISORY_LOCK["SCHEDULE"]``'s) and of the entries
     stored in the database ``using`` (``scheduling.stored``: followed while it runs) on the
@@ -228,13 +206,7 @@ class Scheduler:
         self.pool = Pool(max(1, min(workers, len(entries))), using)
         self.claims = Claims(using)
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
-        self._due: dict[str, Boundary] = {}  # per entry, its due slots (see ``_candidates``)
-        # Per entry, the boundary after its ``_due`` one, computed ahead (``prepare``), and
-        # when the next one is to be computed (None: all are).
-        self._ahead: dict[str, Boundary] = {}
-        self._prepare_at: datetime.datetime | None = None
-        # The earliest ``Boundary.until`` of ``_due`` (None: to be computed again).
-        self._next_boundary: datetime.datetime | None = None
+        self.boundaries = Boundaries(self._missed)  # each entry's due slots
         self._released_at = 0.0  # time.monotonic() of the last release of claims
         # Slots claimed here, the ledger's word taken, waiting for a free worker.
         self._ready: dict[str, Due] = {}
@@ -329,7 +301,7 @@ class Scheduler:
                         next_sweep = time.monotonic() + _SWEEP
                     self.start_due()
                     if not self._ready:  # no run waits for a worker
-                        self.prepare(self.now())
+                        self.boundaries.prepare(self.entries, self.now())
                     self.pool.fill()  # in place of workers that died (a fork each)
                 except Exception as error:
                     if not (is_outage(error) or is_refusal(error)):
@@ -397,19 +369,15 @@ class Scheduler:
         self.heartbeat.forget_the_dead(self.now())
         self._elsewhere.clear()  # looked at again: a slot left by a dead scheduler runs
         # Only the slots of the entries' current boundaries are ever looked up in
-        # ``_settled`` (``_next_slots`` asks about ``_candidates``, all from ``_due``): the
-        # others go, else it would grow by each slot run, for as long as the scheduler lives.
+        # ``_settled`` (``_next_slots`` asks about ``boundaries.dues``): the others go, else
+        # it would grow by each slot run, for as long as the scheduler lives.
         current = {
-            (name, due.slot) for name, boundary in self._due.items() for due in boundary.dues
+            (name, due.slot)
+            for name, boundary in self.boundaries.current.items()
+            for due in boundary.dues
         }
         self._settled &= current
-        # The missed slots of the entries with catch_up "all" are read again; the others'
-        # due slots are the same (their schedule alone says).
-        self._due = {
-            name: boundary
-            for name, boundary in self._due.items()
-            if self.entries[name].catch_up != "all"
-        }
+        self.boundaries.forget_missed(self.entries)
         self._quiet.clear()
 
     def _polls_now(self, polled_at: float) -> bool:
@@ -502,16 +470,10 @@ class Scheduler:
         if self._clock is None:
             return _LOOP  # no statement here: this runs outside a pass's outage guard
         now = self.now()
-        if self._next_boundary is None or self._next_boundary <= now:
-            # Of those still ahead: an entry busy through its boundary is looked at (and its
-            # slots computed again) only once its run is over.
-            self._next_boundary = min(
-                (boundary.until for boundary in self._due.values() if boundary.until > now),
-                default=None,
-            )
-            if self._next_boundary is None:
-                return _LOOP
-        return max(0.0, min(_LOOP, (self._next_boundary - now).total_seconds()))
+        boundary = self.boundaries.next_after(now)
+        if boundary is None:
+            return _LOOP
+        return max(0.0, min(_LOOP, (boundary - now).total_seconds()))
 
     def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, reaping the children meanwhile (their timeouts too, with no
@@ -663,7 +625,7 @@ class Scheduler:
                 continue  # nothing to run before its next boundary
             if self.busy(name) or name in self.claims.held or self._holds_back(name):
                 continue  # one run of an entry at a time
-            for due in self._candidates(self.entries[name], now):
+            for due in self.boundaries.dues(self.entries[name], now):
                 if (name, due.slot) not in self._settled and (
                     name,
                     due.slot,
@@ -671,7 +633,7 @@ class Scheduler:
                     yield name, due
                     break
             else:
-                boundary = self._due.get(name)
+                boundary = self.boundaries.current.get(name)
                 if boundary is not None:
                     quiet[name] = boundary.until
 
@@ -744,14 +706,12 @@ class Scheduler:
         for name in waiting:
             del self._ready[name]
         self.claims.release(waiting)
+        self.boundaries.forget(changed)
         for name in changed:
-            self._due.pop(name, None)
-            self._ahead.pop(name, None)
             self._quiet.pop(name, None)
             self._held_back.pop(name, None)
         self._settled = {slot for slot in self._settled if slot[0] not in changed}
         self._elsewhere = {slot for slot in self._elsewhere if slot[0] not in changed}
-        self._next_boundary = None
         added, removed = entries.keys() - self.entries.keys(), self.entries.keys() - entries.keys()
         self.entries = entries
         self._reorder()
@@ -793,61 +753,8 @@ class Scheduler:
     def due_slots(self, entry: Entry, now: datetime.datetime) -> list[str]:
         """The slots of ``entry`` to run now, oldest first, by its ``catch_up``."""
         return [
-            due.slot for due in self._candidates(entry, now) if self._wanted({entry.name: due})
+            due.slot for due in self.boundaries.dues(entry, now) if self._wanted({entry.name: due})
         ]
-
-    def _candidates(self, entry: Entry, now: datetime.datetime) -> list[Due]:
-        """The slots of ``entry`` that may run now, oldest first, by its ``catch_up``: no
-        statement, but for ``"all"`` (its missed slots). Which of them do run is the
-        ledger's word (``_wanted``)."""
-        cached = self._due.get(entry.name)
-        if cached is None or not cached.latest <= now < cached.until:
-            # A new boundary (or the first look): the one computed ahead (``prepare``), or
-            # the entry's schedule read again. Between two boundaries its slots are those of
-            # the last look (a pass over 500 cron entries then costs no cron arithmetic).
-            ahead = self._ahead.pop(entry.name, None)
-            if ahead is not None and ahead.latest <= now < ahead.until:
-                cached = ahead
-            else:
-                if ahead is not None and now < ahead.latest:
-                    self._ahead[entry.name] = ahead  # still to come (one passed is let go)
-                latest = next(entry.slots_before(now), None)
-                if latest is None:
-                    return []
-                slots = self._missed(entry, latest) if entry.catch_up == "all" else [latest]
-                dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
-                cached = Boundary(latest, entry.next_slot(now), dues)
-            self._due[entry.name] = cached
-            halfway = _halfway(cached)
-            if self._prepare_at is None or halfway < self._prepare_at:
-                self._prepare_at = halfway
-            if self._next_boundary is not None and cached.until < self._next_boundary:
-                self._next_boundary = cached.until
-        if entry.catch_up == "none" and (now - cached.latest).total_seconds() >= entry.interval:
-            return []
-        return cached.dues
-
-    def prepare(self, now: datetime.datetime) -> None:
-        """Compute ahead the next boundary of each entry halfway to it (no statement), so
-        that the pass at a boundary, when every scheduler of a fleet starts its slots at
-        once, does no cron arithmetic, and neither does the burst of runs after it. An
-        entry's next slot is its ``Boundary.until``, and stays its latest until the slot
-        after that. Not for ``catch_up="all"``, whose due slots are the ledger's word then."""
-        if self._prepare_at is None or now < self._prepare_at:
-            return
-        later: datetime.datetime | None = None
-        for name, boundary in self._due.items():
-            entry = self.entries[name]
-            if name in self._ahead or entry.catch_up == "all":
-                continue
-            halfway = _halfway(boundary)
-            if now < halfway:
-                later = halfway if later is None else min(later, halfway)
-                continue
-            until = boundary.until
-            due = Due(entry.slot_name(until), until, True)
-            self._ahead[name] = Boundary(until, entry.next_slot(until), [due])
-        self._prepare_at = later
 
     def _wanted(self, slots: dict[str, Due]) -> dict[str, Due]:
         """Of ``slots`` (one per entry), those to run now, by the ledger and the pauses: two
@@ -1007,7 +914,7 @@ class Scheduler:
         name = child.entry.name
         run = f"{name} [{child.slot}]"
         if child.entry.catch_up == "all":
-            self._due.pop(name, None)  # its missed slots are looked at again
+            self.boundaries.forget([name])  # its missed slots are looked at again
         self._wake(name)
         if not died and status == NOT_STARTED:
             self.failed += 1

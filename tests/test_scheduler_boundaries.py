@@ -96,3 +96,34 @@ def test_a_boundary_computed_ahead_and_passed_unused_is_computed_again(when):
     assert current.latest > passed.latest
     boundaries.prepare(entries, current.until)
     assert boundaries.ahead[entry.name].latest == current.until
+
+
+def test_the_sweep_reads_again_only_the_missed_slots_of_catch_up_all():
+    """The sweep (once a minute) forgets the boundaries of the ``catch_up="all"`` entries,
+    whose missed slots the ledger says, and of entries no longer scheduled; the others' due
+    slots are their schedule's alone, and are kept."""
+    asked: list[str] = []
+
+    def missed(entry: Entry, latest: datetime.datetime) -> list[datetime.datetime]:
+        asked.append(entry.name)
+        return [latest]
+
+    entries = {
+        name: _entry(name, {"callable": "tests.schedule_jobs.nothing", "every": 60, **options})
+        for name, options in {
+            **{f"catch_up-{catch_up}": {"catch_up": catch_up} for catch_up in CATCH_UP},
+            "removed": {},
+        }.items()
+    }
+    boundaries = Boundaries(missed)
+    for entry in entries.values():
+        boundaries.dues(entry, STARTS[0])
+    assert asked == ["catch_up-all"]
+    del entries["removed"]
+    boundaries.forget_missed(entries)
+    assert set(boundaries.current) == {
+        f"catch_up-{catch_up}" for catch_up in CATCH_UP if catch_up != "all"
+    }
+    for entry in entries.values():
+        boundaries.dues(entry, STARTS[0])
+    assert asked == ["catch_up-all", "catch_up-all"]

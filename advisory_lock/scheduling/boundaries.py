@@ -131,6 +131,13 @@ class Boundaries:
         self._next = None
 
     def forget_missed(self, entries: dict[str, Entry]) -> None:
-        """Forget the boundaries of the ``catch_up="all"`` entries: their missed slots are
-        read again. The others' due slots are the same (their schedule alone says)."""
-        self.forget([name for name in self.current if entries[name].catch_up == "all"])
+        """Forget the boundaries of the ``catch_up="all"`` entries of ``entries`` (and of
+        any name not in it): their missed slots are read again. The others' due slots are the
+        same (their schedule alone says)."""
+        self.forget(
+            [
+                name
+                for name in self.current
+                if name not in entries or entries[name].catch_up == "all"
+            ]
+        )

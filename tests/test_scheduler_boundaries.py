@@ -5,9 +5,10 @@ At a boundary every scheduler of a fleet starts its slots at once; a scheduler c
 entry's next boundary before, halfway to it (``Boundaries.prepare``), so that this pass and
 the runs after it do no cron arithmetic. The boundary computed ahead must be exactly the one
 computed at it: the same slots, named the same, and the same next boundary. Generated here
-for cron and ``every`` entries, each ``catch_up`` that is computed ahead, and the ledger's
-time zones through their DST changes (a cron time that does not exist, an hour that
-repeats).
+for cron and ``every`` entries and each ``catch_up`` that is computed ahead, in three ledger
+time zones, walking 200 boundaries from a little before each of Paris's DST changes of 2026
+(a cron time that does not exist, an hour that repeats); the daily entry's 200 days cross
+Santiago's changes too (April and September).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ WHEN = [
     {"every": 1800},
 ]
 ZONES = ["UTC", "Europe/Paris", "America/Santiago"]
-#: From a little before each DST change of 2026 in Europe (Paris) to after it.
+#: A little before each DST change of 2026 in Europe (Paris).
 STARTS = [
     datetime.datetime(2026, 3, 28, 23, 0, tzinfo=UTC),
     datetime.datetime(2026, 10, 24, 23, 0, tzinfo=UTC),

@@ -25,10 +25,10 @@ Why this shape, with a budget of a few percent on an uncontended acquire + relea
 - SQLite needs none of it: its lock file records the holder's pid, host and the name
   (``backends.sqlite``).
 
-A write that fails (the tables not migrated on that database, the database out of reach) is
-logged once and dropped; the aliases whose tables are missing are left alone for a while
-(``RETRY_AFTER``). Who holds the lock stays answerable from the database's own tables then,
-as before. ``ADVISORY_LOCK["RECORD_HOLDERS"] = False`` turns the writes off.
+A write that fails (the tables not migrated on that database, the database out of reach or
+refusing another connection) is logged once, saying which, and dropped; the alias is left
+alone for a while (``RETRY_AFTER``). Who holds the lock stays answerable from the database's
+own tables then, as before. ``ADVISORY_LOCK["RECORD_HOLDERS"] = False`` turns the writes off.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from django.db import DatabaseError
 
 from advisory_lock.backends.base import LockBackend
 from advisory_lock.conf import get_setting
+from advisory_lock.exceptions import LedgerNotMigrated
 from advisory_lock.keys import LockKey
 
 logger = logging.getLogger("advisory_lock")
@@ -82,7 +83,8 @@ class SessionNote:
 
 
 #: Writes the notes of one alias: ``write(alias, names, sessions)``, on the calling thread's
-#: connection; raises what the database raised.
+#: connection; raises ``LedgerNotMigrated`` if the directory's tables are missing there, else
+#: what the database raised.
 Write = Callable[[str, list[NameNote], list[SessionNote]], None]
 
 
@@ -274,17 +276,20 @@ class Recorder:
                 continue
             try:
                 self._write(using, names, sessions)
-            except DatabaseError as error:
-                # The tables are missing, or the database is out of reach: logged once per
+            except (LedgerNotMigrated, DatabaseError) as error:
+                # The tables are missing (the error says to migrate), or the database is out
+                # of reach or refused the writer's connection (it says why): logged once per
                 # pause. The locks themselves are not affected.
                 self._off[using] = monotonic() + RETRY_AFTER
                 logger.warning(
-                    "The lock directory could not be written on database %r (%s): locks "
-                    "taken there show without their name and client process for the next "
-                    "%.0f seconds. Run manage.py migrate to create its tables.",
+                    "The lock directory could not be written on database %r: locks taken "
+                    "there show without their name and client process for the next %.0f "
+                    "seconds. %s",
                     using,
-                    error,
                     RETRY_AFTER,
+                    error
+                    if isinstance(error, LedgerNotMigrated)
+                    else f"The database said: {error}",
                 )
             except Exception:
                 # Anything else (a database access refused by a test runner's guard between

@@ -23,6 +23,7 @@ from advisory_lock.directory import NameNote
 from advisory_lock.directory import SessionNote
 from advisory_lock.directory import Tables
 from advisory_lock.directory import install
+from advisory_lock.own_connection import table_checked
 
 require_app()  # before the models: Django can only define a model of an installed app
 
@@ -69,34 +70,36 @@ class LockClient(models.Model):
 
 def record(using: str, names: list[NameNote], sessions: list[SessionNote]) -> None:
     """Write what the holders noted, on this thread's connection to ``using`` (a connection
-    of the directory's writer thread, in autocommit), then close it."""
+    of the directory's writer thread, in autocommit), then close it. ``LedgerNotMigrated``
+    if a write failed because the app's tables are missing there."""
     connection = connections[using]
     try:
-        if names:
-            LockName.objects.using(using).bulk_create(
-                [LockName(key=n.key[:255], name=n.name, namespace=n.namespace) for n in names],
-                ignore_conflicts=True,
-            )
-        if sessions:
-            inspector = inspector_for(connection)
-            started = inspector.session_started([note.session for note in sessions])
-            rows = [
-                LockClient(
-                    session=note.session,
-                    started=started[note.session],
-                    host=note.host[:255],
-                    pid=note.pid,
+        with table_checked(using):
+            if names:
+                LockName.objects.using(using).bulk_create(
+                    [LockName(key=n.key[:255], name=n.name, namespace=n.namespace) for n in names],
+                    ignore_conflicts=True,
                 )
-                for note in sessions
-                if note.session in started  # a session gone already needs no row
-            ]
-            if rows:
-                _upsert(using, rows)
-            # Not at a process's first write (job processes come and go): every PRUNE_EVERY
-            # seconds of a process that lives that long.
-            if _pruned.setdefault(using, monotonic()) < monotonic() - PRUNE_EVERY:
-                _pruned[using] = monotonic()
-                _prune(using, inspector.session_started(None))
+            if sessions:
+                inspector = inspector_for(connection)
+                started = inspector.session_started([note.session for note in sessions])
+                rows = [
+                    LockClient(
+                        session=note.session,
+                        started=started[note.session],
+                        host=note.host[:255],
+                        pid=note.pid,
+                    )
+                    for note in sessions
+                    if note.session in started  # a session gone already needs no row
+                ]
+                if rows:
+                    _upsert(using, rows)
+                # Not at a process's first write (job processes come and go): every PRUNE_EVERY
+                # seconds of a process that lives that long.
+                if _pruned.setdefault(using, monotonic()) < monotonic() - PRUNE_EVERY:
+                    _pruned[using] = monotonic()
+                    _prune(using, inspector.session_started(None))
     finally:
         connection.close()
 

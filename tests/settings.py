@@ -5,6 +5,7 @@ servers). Worker processes started by the tests set ADVISORY_LOCK_TEST_WORKER=1 
 test databases that pytest created.
 """
 
+import json
 import os
 import socket
 import tempfile
@@ -90,6 +91,12 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.lockapp"]
 if os.environ.get("ADVISORY_LOCK_TEST_WORKER"):
     for settings_dict in DATABASES.values():
         settings_dict["NAME"] = settings_dict["TEST"]["NAME"]
+    # A worker may connect as another user, or to another database, of an alias's server:
+    # {alias: {setting: value}} (tests/test_lock_directory.py).
+    for alias, overrides in json.loads(
+        os.environ.get("ADVISORY_LOCK_TEST_DB_OVERRIDES", "{}")
+    ).items():
+        DATABASES[alias] = {**DATABASES[alias], **overrides}
     # Workers may run on a server database as their "default" alias.
     DATABASES["default"] = DATABASES[os.environ.get("ADVISORY_LOCK_TEST_DEFAULT", "default")]
 

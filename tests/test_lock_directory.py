@@ -11,6 +11,7 @@ about, SQLite a lock file: the name, host and pid come from the lock directory
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pytest
@@ -181,3 +182,68 @@ def test_a_lock_held_at_the_write_is_recorded_and_one_let_go_of_is_not(using):
     names = LockName.objects.using(using)
     assert names.filter(name=held).exists()
     assert not names.filter(name=brief).exists()  # a try, a short job: over before the write
+
+
+#: What makes a holder's directory write fail, and whether its warning then says to migrate.
+WRITE_FAILURES = {"its connection refused": False, "its tables missing": True}
+
+
+@pytest.fixture
+def refusing(using):
+    """``refusing(cause)``: the settings, for a holder of ``using``, under which the lock
+    works and the directory's write fails: a user that may open one connection only (the
+    lock's; the writer's is refused by the server), or a database without the app's tables
+    (created empty for the test)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = f"al_directory_{worker}"
+    cursor = connections[using].cursor()
+    made: list[str] = []
+
+    def settings_for(cause: str) -> dict[str, str]:
+        if cause == "its tables missing":
+            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+            cursor.execute(f"CREATE DATABASE {name}")
+            made.append(f"DROP DATABASE IF EXISTS {name}")
+            return {"NAME": name}
+        if connections[using].vendor == "postgresql":
+            cursor.execute(
+                f"DO $$ BEGIN CREATE ROLE {name} LOGIN; "
+                f"EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            )
+            cursor.execute(f"ALTER ROLE {name} CONNECTION LIMIT 1")
+        else:
+            database = connections[using].settings_dict["NAME"]
+            for host in ("127.0.0.1", "localhost", "%"):
+                account = f"'{name}'@'{host}'"
+                cursor.execute(f"CREATE USER IF NOT EXISTS {account}")
+                cursor.execute(f"ALTER USER {account} WITH MAX_USER_CONNECTIONS 1")
+                cursor.execute(f"GRANT ALL ON `{database}`.* TO {account}")
+        return {"USER": name, "PASSWORD": ""}
+
+    try:
+        yield settings_for
+    finally:
+        for statement in made:
+            cursor.execute(statement)
+        cursor.close()
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("cause", list(WRITE_FAILURES))
+def test_a_failed_directory_write_says_why_and_to_migrate_only_when_tables_are_missing(
+    using, cause, refusing
+):
+    # Before the fix, both said "Run manage.py migrate to create its tables".
+    overrides = refusing(cause)
+    workers = Workers({"ADVISORY_LOCK_TEST_DB_OVERRIDES": json.dumps({using: overrides})})
+    worker = Worker([using, run_time_key("plain")], workers.env, module="tests.holder_child")
+    workers.started.append(worker)
+    try:
+        worker.expect("holding")  # the lock was taken, and the directory's write tried
+        said = worker.stderr()
+    finally:
+        workers.kill_all()
+    assert "The lock directory could not be written" in said, said
+    assert ("manage.py migrate" in said) is WRITE_FAILURES[cause], said
+    if not WRITE_FAILURES[cause]:
+        assert "The database said:" in said and "connection" in said.lower(), said

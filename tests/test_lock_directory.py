@@ -199,11 +199,17 @@ def refusing(using):
     cursor = connections[using].cursor()
     made: list[str] = []
 
+    # PostgreSQL refuses to drop a database that a session is still connected to (the
+    # holder's, a moment after it was killed) unless told to end those sessions first.
+    drop = f"DROP DATABASE IF EXISTS {name}"
+    if connections[using].vendor == "postgresql":
+        drop += " WITH (FORCE)"
+
     def settings_for(cause: str) -> dict[str, str]:
         if cause == "its tables missing":
-            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+            cursor.execute(drop)
             cursor.execute(f"CREATE DATABASE {name}")
-            made.append(f"DROP DATABASE IF EXISTS {name}")
+            made.append(drop)
             return {"NAME": name}
         if connections[using].vendor == "postgresql":
             cursor.execute(

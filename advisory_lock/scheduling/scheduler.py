@@ -626,10 +626,8 @@ class Scheduler:
             if self.busy(name) or name in self.claims.held or self._holds_back(name):
                 continue  # one run of an entry at a time
             for due in self.boundaries.dues(self.entries[name], now):
-                if (name, due.slot) not in self._settled and (
-                    name,
-                    due.slot,
-                ) not in self._elsewhere:
+                slot = (name, due.slot)
+                if slot not in self._settled and slot not in self._elsewhere:
                     yield name, due
                     break
             else:

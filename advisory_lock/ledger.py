@@ -36,6 +36,7 @@ from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Container
 from typing import Any
+from typing import NamedTuple
 
 from django.db import IntegrityError
 from django.db import connections
@@ -400,29 +401,42 @@ def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
     return attempts.order_by(models.F("succeeded").desc(nulls_last=True), "-attempt").first()
 
 
-def deciding_attempts(using: str, slots: dict[str, str]) -> dict[str, JobRun]:
+class Attempt(NamedTuple):
+    """A slot's deciding attempt as ``deciding_attempts`` reads it: only what a scheduler
+    decides on, no model instance."""
+
+    status: str
+    attempt: int
+    succeeded: bool
+
+
+def deciding_attempts(using: str, slots: dict[str, str]) -> dict[str, Attempt]:
     """``deciding_attempt`` of each job's slot in ``slots`` (job name: period), in one
-    statement; a job whose slot has no attempt is left out."""
+    statement; a job whose slot has no attempt is left out. Read as tuples of five columns:
+    a scheduler's batch may hold the slots of hundreds of entries, most of them done."""
     if not slots:
         return {}
-    rows = JobRun.objects.using(using).filter(
-        job_name__in=list(slots), period__in=set(slots.values())
+    rows = (
+        JobRun.objects.using(using)
+        .filter(job_name__in=list(slots), period__in=set(slots.values()))
+        .values_list("job_name", "period", "status", "attempt", "succeeded")
     )
-    deciding: dict[str, JobRun] = {}
-    for run in rows:
-        if slots.get(run.job_name) != run.period:
+    deciding: dict[str, Attempt] = {}
+    for job_name, period, status, attempt, succeeded in rows:
+        if slots.get(job_name) != period:
             continue  # another job's period, asked about for that job
-        best = deciding.get(run.job_name)
+        run = Attempt(status, attempt, succeeded is not None)
+        best = deciding.get(job_name)
         if best is None or _decides_over(run, best):
-            deciding[run.job_name] = run
+            deciding[job_name] = run
     return deciding
 
 
-def _decides_over(run: JobRun, other: JobRun) -> bool:
+def _decides_over(run: Attempt, other: Attempt) -> bool:
     """Does ``run`` decide its slot rather than ``other``, as ``deciding_attempt`` orders
     them: a success first, then the latest attempt."""
-    if (run.succeeded is not None) != (other.succeeded is not None):
-        return run.succeeded is not None
+    if run.succeeded != other.succeeded:
+        return run.succeeded
     return run.attempt > other.attempt
 
 

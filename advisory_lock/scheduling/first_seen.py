@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterable
 
 from django.db import models
@@ -49,9 +50,12 @@ class FirstSeen:
         self.using = using
         self.noted: set[str] = set()
 
-    def note(self, job_names: Iterable[str], now: Callable[[], datetime.datetime]) -> None:
+    def note(self, job_names: Collection[str], now: Callable[[], datetime.datetime]) -> None:
         """Record ``job_names`` not noted yet as first seen at ``now()`` (aware), unless a
-        scheduler saw them before."""
+        scheduler saw them before. A scheduler calls this at every pass: when every name is
+        noted (after the first pass), a set's check, no list."""
+        if self.noted.issuperset(job_names):
+            return
         new = [name for name in job_names if name not in self.noted]
         if not new:
             return

@@ -71,6 +71,7 @@ from django.db import connections
 
 from advisory_lock.backends import inspector_for
 from advisory_lock.datetimes import from_field
+from advisory_lock.ledger import Attempt
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import abandon_orphans
 from advisory_lock.ledger import claimed_by_process
@@ -593,6 +594,7 @@ class Scheduler:
                 candidates.update(itertools.islice(pending, wanted - 1))
             else:
                 candidates.update(pending)
+                self._drop_decided(candidates)
             batch = list(candidates)
             claimed = set(self.claims.claim(batch))
             chosen = {}
@@ -614,6 +616,21 @@ class Scheduler:
             wanted -= len(ready)
             self._start_ready()
             self.beat_if_due()
+
+    def _drop_decided(self, candidates: dict[str, Due]) -> None:
+        """Drop from ``candidates`` (the other schedulers' entries) the slots that the
+        ledger already decides: done, or running or enqueued elsewhere (one statement, no
+        claim). Their owners have mostly run them by the time a scheduler is through with
+        its own entries; a claim of each, the ledger's word and a release would cost the
+        same statement and two more, and grow with the number of schedulers. What is left
+        (no attempt yet, or a retry due) is claimed and looked at again once claimed: the
+        ledger may have changed in between."""
+        deciding = deciding_attempts(
+            self.using, {name: due.slot for name, due in candidates.items()}
+        )
+        for name, last in deciding.items():
+            if not self._wants_run(self.entries[name], candidates[name], last):
+                del candidates[name]
 
     def _next_slots(self, now: datetime.datetime) -> Iterator[tuple[str, Due]]:
         """The next slot of each entry with no run going here, claimed by no one here, not
@@ -803,7 +820,7 @@ class Scheduler:
         """Does this scheduler know that ``slot`` of ``name`` had an attempt?"""
         return (name, slot) in self._settled or (name, slot) in self._elsewhere
 
-    def _wants_run(self, entry: Entry, due: Due, last: JobRun | None) -> bool:
+    def _wants_run(self, entry: Entry, due: Due, last: Attempt | None) -> bool:
         """Does ``due`` run now, given its deciding attempt ``last``?"""
         if last is None:
             return True

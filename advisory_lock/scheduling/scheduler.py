@@ -567,8 +567,10 @@ class Scheduler:
         batch, one statement for the claims, one for the ledger's word on the claimed slots,
         one for their pauses. A batch is made once no more than one slot per worker is
         left waiting, and claims up to ``_AHEAD`` slots per worker in all (running and
-        waiting): a boundary's slots cost a few batches, not one per run's end. A slot whose
-        entry another scheduler claimed is left to it (see ``_elsewhere``). A signal stops
+        waiting): a boundary's slots cost a few batches, not one per run's end. The batch
+        of the other schedulers' entries is first looked at in the ledger (``_drop_decided``:
+        one statement more). A slot whose entry another scheduler claimed is left to it (see
+        ``_elsewhere``). A signal stops
         the pass (no new runs), and the heartbeat is kept up meanwhile."""
         self.pool.fill()
         if self.stopping:
@@ -582,8 +584,9 @@ class Scheduler:
         pending = self._next_slots(self.now())
         while wanted > 0 and not self.stopping:
             # Its own entries (``share``) as many as its workers can take; then the others'
-            # all in one statement: most are taken by their own schedulers (one statement
-            # says so for all), and those that are not (theirs busy, or dead) wait here.
+            # all in one batch: most are run or taken by their own schedulers (the ledger,
+            # then the claims, say so for all in a statement each), and those that are not
+            # (theirs busy, or dead) wait here.
             # The entries are looked at only as far as that: a pass while a boundary's slots
             # are being run stops at the first few not yet run.
             first = next(pending, None)

@@ -58,9 +58,9 @@ logger = logging.getLogger("advisory_lock")
 MAX_NOTED_NAMES = 10_000
 #: Seconds an alias whose directory tables are missing is left alone before another try.
 RETRY_AFTER = 300.0
-#: Seconds between a first note and its write: a burst goes in one write, and a lock let go
-#: of sooner (a try, a short job, a process that ended) is never written: it was over before
-#: anyone could look at it.
+#: Seconds between a first note and its write, each note counted from its own moment: a
+#: burst goes in one write, and a lock let go of sooner (a try, a short job, a process that
+#: ended) is never written: it was over before anyone could look at it.
 WRITE_AFTER = 1.0
 
 
@@ -131,9 +131,9 @@ class Recorder:
         when the connection is not open yet (nothing to note about the session then).
 
         ``holds(db_key)`` says, from the writer's thread, whether the lock is held through
-        that session still (``holds(None)``: any lock): a name is written only while a lock
-        of it is held at the time of the write (``WRITE_AFTER``), a session only while it
-        holds one; otherwise the note is forgotten, to be noted again at the next use.
+        that session still (``holds(None)``: any lock): a name is written only if a lock of
+        it is held ``WRITE_AFTER`` seconds after its note, a session only if it holds one
+        then; otherwise the note is forgotten, to be noted again at the next use.
         """
         if backend.local_locks:
             return True  # SQLite: the lock file says it all
@@ -163,6 +163,7 @@ class Recorder:
                     SessionNote(session_id, self._host, os.getpid()),
                     functools.partial(_session_holds, ref, session, holds),
                     functools.partial(_forget_session, ref, session),
+                    monotonic(),
                 )
             )
 
@@ -181,6 +182,7 @@ class Recorder:
                 NameNote(str(db_key), key.value, key.namespace),
                 functools.partial(holds, db_key),
                 functools.partial(self._forget_name, db_key, using),
+                monotonic(),
             )
         )
 
@@ -202,8 +204,12 @@ class Recorder:
     def flush(self, timeout: float | None = None) -> bool:
         """Write every note queued so far now, and wait until it is written (or dropped);
         False on timeout."""
-        self._now.set()
         with self._written:
+            if self._unwritten == 0:
+                # Nothing to hurry: the writer thread, which clears the event as it ends, may
+                # have ended already, and the next burst's notes must wait their moment.
+                return True
+            self._now.set()
             return self._written.wait_for(lambda: self._unwritten == 0, timeout)
 
     def settle(self, timeout: float | None = None) -> bool:
@@ -229,38 +235,55 @@ class Recorder:
             raise
 
     def _drain(self) -> None:
+        # Notes younger than WRITE_AFTER whose lock is still held: written once they are
+        # that old, if it is held then.
+        waiting: list[_Queued] = []
         while True:
-            # A moment first: what a burst notes goes in one write, and the notes of a
-            # session (a process) that ends within it are dropped unwritten.
-            self._now.wait(WRITE_AFTER)
-            batch = []
+            # A moment first: what a burst notes goes in one write, and the notes of a lock
+            # (a session, a process) let go of within it are dropped unwritten.
+            if waiting:
+                self._now.wait(max(0.0, min(q.at for q in waiting) + WRITE_AFTER - monotonic()))
+            else:
+                self._now.wait(WRITE_AFTER)
             with self._thread_lock:
                 # Under the lock that _put() takes after its put: either this sees the note,
                 # or _put() sees no thread and starts one.
                 while True:
                     try:
-                        batch.append(self._queue.get_nowait())
+                        waiting.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                if not batch:
+                if not waiting:
                     self._thread = None
                     self._now.clear()
                     return
+            # Each note is judged at its own age, not at the moment the thread wakes (which
+            # the first note of a burst set): a lock taken a moment before that, and held for
+            # a moment, is as brief as one let go of already. flush() makes every note ripe.
+            now, forced = monotonic(), self._now.is_set()
+            ripe, done, young = [], [], []
+            for queued in waiting:
+                if forced or now - queued.at >= WRITE_AFTER:
+                    ripe.append(queued)
+                elif _held(queued):
+                    young.append(queued)
+                else:
+                    queued.forget()  # let go of already: noted again at its next use
+                    done.append(queued)
+            waiting = young
             try:
-                self._write_batch(batch)
+                self._write_batch(ripe)
             finally:
                 with self._written:
-                    self._unwritten -= len(batch)
+                    self._unwritten -= len(ripe) + len(done)
                     self._written.notify_all()
 
     def _write_batch(self, batch: list[_Queued]) -> None:
+        if not batch:
+            return
         by_alias: dict[str, tuple[list[NameNote], list[SessionNote]]] = {}
         for queued in batch:
-            try:
-                held = queued.held()
-            except Exception:  # the holder's objects are gone: so is the lock
-                held = False
-            if not held:
+            if not _held(queued):
                 queued.forget()  # a lock let go of already: noted again at its next use
                 continue
             names, sessions = by_alias.setdefault(queued.using, ([], []))
@@ -313,12 +336,20 @@ class Recorder:
 @dataclass(frozen=True, slots=True)
 class _Queued:
     """A note as queued: its alias, itself, whether its lock is still held (asked at the
-    write), and how to forget it if not."""
+    write), how to forget it if not, and when it was noted (``monotonic()``)."""
 
     using: str
     note: NameNote | SessionNote
     held: Callable[[], bool]
     forget: Callable[[], None]
+    at: float
+
+
+def _held(queued: _Queued) -> bool:
+    try:
+        return queued.held()
+    except Exception:  # the holder's objects are gone: so is the lock
+        return False
 
 
 def _session_holds(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 
 import pytest
@@ -182,6 +183,36 @@ def test_a_lock_held_at_the_write_is_recorded_and_one_let_go_of_is_not(using):
     names = LockName.objects.using(using)
     assert names.filter(name=held).exists()
     assert not names.filter(name=brief).exists()  # a try, a short job: over before the write
+
+
+@pytest.mark.parametrize("using", ["postgresql", "mysql"], indirect=True)
+def test_a_lock_held_for_a_moment_across_the_writers_wake_up_is_not_recorded(using, monkeypatch):
+    """Each note is judged a second after its own moment, not at the moment the writer wakes
+    (a second after the first note of a burst): a lock taken just before that and let go of
+    just after is a short job's, and costs no write (a connection of its own). Before the
+    fix, a worker running short jobs one after the other wrote whichever name it held when
+    its writer woke, and opened a connection for it at every burst. The directory's clock
+    is the test's, so that which note is how old does not depend on the machine's speed."""
+    from advisory_lock.lock_names import LockName
+
+    recorder = directory.recorder
+    assert recorder is not None and recorder.settle(timeout=300)  # no writer, nothing queued
+    held, brief = run_time_key("plain"), run_time_key("plain")
+    start = directory.monotonic()
+    now = [start]
+    monkeypatch.setattr(directory, "monotonic", lambda: now[0])
+    names = LockName.objects.using(using)
+    with advisory_lock(held, using=using):  # noted at start: the writer wakes a second later
+        now[0] = start + 0.9 * directory.WRITE_AFTER
+        with advisory_lock(brief, using=using):
+            now[0] = start + directory.WRITE_AFTER  # the first note is ripe, this one is not
+            for _ in range(3000):  # the writer's write of the first, seen by the database
+                if names.filter(name=held).exists():
+                    break
+                threading.Event().wait(0.1)
+            assert names.filter(name=held).exists(), "the held lock's name was not written"
+        assert recorder.flush(timeout=300)  # the brief lock's note: let go of, so dropped
+    assert not names.filter(name=brief).exists()
 
 
 #: What makes a holder's directory write fail, and whether its warning then says to migrate.

@@ -235,8 +235,8 @@ class Recorder:
             raise
 
     def _drain(self) -> None:
-        # Notes younger than WRITE_AFTER whose lock is still held: written once they are
-        # that old, if it is held then.
+        # Notes younger than WRITE_AFTER: written once they are that old, if their lock is
+        # held then (a waiter's note comes before its lock).
         waiting: list[_Queued] = []
         while True:
             # A moment first: what a burst notes goes in one write, and the notes of a lock
@@ -261,21 +261,13 @@ class Recorder:
             # the first note of a burst set): a lock taken a moment before that, and held for
             # a moment, is as brief as one let go of already. flush() makes every note ripe.
             now, forced = monotonic(), self._now.is_set()
-            ripe, done, young = [], [], []
-            for queued in waiting:
-                if forced or now - queued.at >= WRITE_AFTER:
-                    ripe.append(queued)
-                elif _held(queued):
-                    young.append(queued)
-                else:
-                    queued.forget()  # let go of already: noted again at its next use
-                    done.append(queued)
-            waiting = young
+            ripe = [q for q in waiting if forced or now - q.at >= WRITE_AFTER]
+            waiting = [q for q in waiting if not (forced or now - q.at >= WRITE_AFTER)]
             try:
                 self._write_batch(ripe)
             finally:
                 with self._written:
-                    self._unwritten -= len(ripe) + len(done)
+                    self._unwritten -= len(ripe)
                     self._written.notify_all()
 
     def _write_batch(self, batch: list[_Queued]) -> None:

@@ -242,7 +242,11 @@ class Recorder:
             # A moment first: what a burst notes goes in one write, and the notes of a lock
             # (a session, a process) let go of within it are dropped unwritten.
             if waiting:
-                self._now.wait(max(0.0, min(q.at for q in waiting) + WRITE_AFTER - monotonic()))
+                # Until the oldest is ripe, but a tenth of WRITE_AFTER at least: notes that
+                # ripen within it go in one wake-up, not one each (a worker notes a name per
+                # short run, many a second).
+                ripe_in = min(q.at for q in waiting) + WRITE_AFTER - monotonic()
+                self._now.wait(max(WRITE_AFTER / 10, ripe_in))
             else:
                 self._now.wait(WRITE_AFTER)
             with self._thread_lock:

@@ -267,11 +267,19 @@ class Recorder:
             now, forced = monotonic(), self._now.is_set()
             ripe = [q for q in waiting if forced or now - q.at >= WRITE_AFTER]
             waiting = [q for q in waiting if not (forced or now - q.at >= WRITE_AFTER)]
+            done = ripe
             try:
                 self._write_batch(ripe)
+            except BaseException:
+                # The thread ends (the next note starts another): the notes still waiting go
+                # with it, forgotten (noted again at their next use) and not waited for.
+                for queued in waiting:
+                    queued.forget()
+                done, waiting = ripe + waiting, []
+                raise
             finally:
                 with self._written:
-                    self._unwritten -= len(ripe)
+                    self._unwritten -= len(done)
                     self._written.notify_all()
 
     def _write_batch(self, batch: list[_Queued]) -> None:

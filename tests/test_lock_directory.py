@@ -215,6 +215,32 @@ def test_a_lock_held_for_a_moment_across_the_writers_wake_up_is_not_recorded(usi
     assert not names.filter(name=brief).exists()
 
 
+@pytest.mark.parametrize("using", ["postgresql"], indirect=True)
+def test_a_writer_thread_that_dies_leaves_no_note_to_wait_for(using, monkeypatch):
+    """A write interrupted by a ``BaseException`` (a ``SystemExit`` in the write, here) ends
+    the writer thread; the notes it was still keeping for their second go with it, forgotten,
+    so that a ``flush()`` does not wait for them (the next note starts another writer). The
+    locks are real; the write and the directory's clock are the test's."""
+    recorder = directory.recorder
+    assert recorder is not None and recorder.settle(timeout=300)
+    ended = threading.Event()
+    monkeypatch.setattr(threading, "excepthook", lambda args: ended.set())
+
+    def interrupted(*args):
+        raise SystemExit("the write was interrupted")
+
+    monkeypatch.setattr(recorder, "_write", interrupted)
+    start = directory.monotonic()
+    now = [start]
+    monkeypatch.setattr(directory, "monotonic", lambda: now[0])
+    with advisory_lock(run_time_key("plain"), using=using):
+        now[0] = start + 0.9 * directory.WRITE_AFTER
+        with advisory_lock(run_time_key("plain"), using=using):
+            now[0] = start + directory.WRITE_AFTER  # the first note's write ends the thread
+            assert ended.wait(300), "the writer's write was never tried"
+            assert recorder.flush(timeout=60), "flush() waits for notes no thread keeps"
+
+
 #: What makes a holder's directory write fail, and whether its warning then says to migrate.
 WRITE_FAILURES = {"its connection refused": False, "its tables missing": True}
 

@@ -120,6 +120,10 @@ _LOOP = 0.2  # seconds between two looks at the clock while idle
 #: About how many schedulers of a fleet look for requests in each poll interval.
 POLLERS = 4
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
+#: The longest, in seconds, that a once-a-minute chore (the sweep; the server's clock read
+#: again, with the count of the fleet) waits while the scheduler hands out due slots: a
+#: boundary's runs go first, and a scheduler that always has slots to hand out still does it.
+_CHORES_WAIT = 5.0
 #: How many due slots a scheduler claims ahead per worker, its runs going on included: a
 #: bound on the slots it keeps from the others while its workers are busy.
 _AHEAD = 8
@@ -263,6 +267,10 @@ class Scheduler:
         # was announced (a change found by the look for requests is read at once).
         self._reread_now = True
         self._next_beat = 0.0  # time.monotonic() of the next heartbeat
+        self._next_sweep = 0.0  # time.monotonic() of the next sweep: the first at start
+        # The last pass had due slots to hand out (claimed and waiting for a worker, or to
+        # claim): the once-a-minute chores wait (``_waits``).
+        self._handing_out = False
         # The database server's clock as last read, and time.monotonic() just after the
         # answer came: ``now()`` adds the monotonic time since (see ``now``).
         self._clock: tuple[datetime.datetime, float] | None = None
@@ -276,7 +284,6 @@ class Scheduler:
         previous = {
             signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
         }
-        next_sweep = 0.0
         polled_at = followed_at = -math.inf  # the interval may shorten (deaf): looked at each pass
         try:
             self.pool.fill()
@@ -297,9 +304,7 @@ class Scheduler:
                     if time.monotonic() >= followed_at + self._follow_interval():
                         self.follow_tasks()
                         followed_at = time.monotonic()
-                    if time.monotonic() >= next_sweep:  # first at start: a restart after a crash
-                        self.sweep()
-                        next_sweep = time.monotonic() + _SWEEP
+                    self.sweep_if_due()
                     self.start_due()
                     if not self._ready:  # no run waits for a worker
                         self.boundaries.prepare(self.entries, self.now())
@@ -307,7 +312,7 @@ class Scheduler:
                 except Exception as error:
                     if not (is_outage(error) or is_refusal(error)):
                         raise
-                    next_sweep = self._next_beat = 0.0  # once it is back
+                    self._next_sweep = self._next_beat = 0.0  # once it is back
                     polled_at = followed_at = -math.inf
                     self._clock = None  # read again: a failover may bring another clock
                     self._wait(self._outage(error))
@@ -356,6 +361,22 @@ class Scheduler:
         self.pool.stop()
         self.claims.close()
         return 1 if self.failed else 0
+
+    def sweep_if_due(self) -> None:
+        """Sweep (``sweep``) if a minute has passed since the last sweep, and at start: a
+        restart after a crash, or after an outage, which may have cut runs."""
+        if time.monotonic() >= self._next_sweep and not self._waits(self._next_sweep):
+            self.sweep()
+            self._next_sweep = time.monotonic() + _SWEEP
+
+    def _waits(self, due: float) -> bool:
+        """Does a once-a-minute chore due since ``due`` (``time.monotonic()``) wait? While
+        the scheduler hands out due slots (the last pass had some), for at most
+        ``_CHORES_WAIT`` seconds: a sweep at a boundary would take the boundary's time from
+        its runs (a lock try per running row of the other schedulers, and every slot looked
+        at again), and so would the count of the fleet. A chore due at start (``due`` 0)
+        never waits."""
+        return self._handing_out and time.monotonic() < due + _CHORES_WAIT
 
     def sweep(self) -> None:
         """Mark abandoned the running rows of the schedule's jobs whose lock is free: their
@@ -421,9 +442,13 @@ class Scheduler:
         """Record the heartbeat (one UPDATE) if the heartbeat interval has passed since the
         last one: also within a long pass (many due slots), so that a busy scheduler never
         looks dead. The server's clock is read again first if it was last read ``_SWEEP``
-        seconds ago or more (see ``now``)."""
+        seconds ago or more (see ``now``), but for a while (``_waits``) while the scheduler
+        hands out due slots."""
         if time.monotonic() >= self._next_beat:
-            reread = self._clock is None or time.monotonic() - self._clock[1] >= _SWEEP
+            reread = self._clock is None or (
+                time.monotonic() - self._clock[1] >= _SWEEP
+                and not self._waits(self._clock[1] + _SWEEP)
+            )
             if reread:
                 self.read_clock()
             self.heartbeat.beat(self.now())
@@ -576,6 +601,7 @@ class Scheduler:
         if self.stopping:
             return
         self._start_ready()
+        self._handing_out = bool(self._ready)
         if len(self._ready) > self.pool.size:
             return  # enough waiting: the next batch once the workers have taken most
         wanted = _AHEAD * self.pool.size - len(self.children) - len(self._ready)
@@ -592,6 +618,7 @@ class Scheduler:
             first = next(pending, None)
             if first is None:
                 break
+            self._handing_out = True
             candidates = dict([first])
             if first[0] in self._own:
                 candidates.update(itertools.islice(pending, wanted - 1))

@@ -265,8 +265,11 @@ class Recorder:
             # the first note of a burst set): a lock taken a moment before that, and held for
             # a moment, is as brief as one let go of already. flush() makes every note ripe.
             now, forced = monotonic(), self._now.is_set()
-            ripe = [q for q in waiting if forced or now - q.at >= WRITE_AFTER]
-            waiting = [q for q in waiting if not (forced or now - q.at >= WRITE_AFTER)]
+            ripe: list[_Queued] = []
+            younger: list[_Queued] = []
+            for queued in waiting:
+                (ripe if forced or now - queued.at >= WRITE_AFTER else younger).append(queued)
+            waiting = younger
             done = ripe
             try:
                 self._write_batch(ripe)

@@ -53,7 +53,7 @@ def main() -> None:
         options = json.loads(options)
         entry = _entry(options.pop("name"), options)
         scheduler.entries = {entry.name: entry}
-        scheduler._order = [entry.name]
+        scheduler.sharing.order = [entry.name]
         scheduler._settled.clear()  # each decision is made afresh, from the ledger
         scheduler._elsewhere.clear()
         scheduler.boundaries.forget([entry.name])  # the entry may have changed

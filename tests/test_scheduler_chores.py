@@ -81,7 +81,7 @@ def test_the_clock_and_the_fleet_are_read_again_after_the_slots_are_handed_out(u
     scheduler = scheduler_of(using, DUE)
     try:
         scheduler.beat_if_due()  # the clock read, the heartbeat, the fleet counted
-        scheduler._shares_left = 0  # the fleet is the same at the next heartbeats
+        scheduler.sharing.counts_left = 0  # the fleet is the same at the next heartbeats
         scheduler.start_due()
         assert scheduler._ready
         assert scheduler._clock is not None

@@ -5,7 +5,9 @@ nothing here):
 
 - ``scheduler``: the loop behind ``run_jobs``: due slots, job processes, the sweep;
   ``boundaries``, each entry's due slots, computed once per boundary and ahead; ``claims``,
-  which scheduler starts a slot; ``workers``, the job processes forked once;
+  which scheduler starts a slot; ``sharing``, how the live schedulers share a boundary's
+  slots; ``workers``, the job processes forked once; ``children``, the runs going on in
+  them and those whose worker died; ``outages``, how a database outage is ridden out;
 - ``control``: operators' pause, resume and run-now requests (``JobControl``);
 - ``stored``: the schedule entries stored in the database (``StoredEntry``), and ``admin``,
   their admin pages;

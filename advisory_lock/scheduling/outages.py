@@ -1,16 +1,25 @@
 """What a database outage is, to a scheduler: the errors after which the same pass may
-succeed later (see ``scheduling.scheduler``, "A database outage"); and what a refusal to lock
+succeed later (see ``scheduling.scheduler``, "A database outage"); what a refusal to lock
 is: a database in reach that takes no lock now (a replica, or a primary that a failover
-demoted) and may take them again without a restart."""
+demoted) and may take them again without a restart; and how a scheduler paces its tries and
+says an outage (``Outage``)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 from django.db import utils
 
 from advisory_lock.backends import driver_error_is_outage
 from advisory_lock.exceptions import ReplicaError
+
+logger = logging.getLogger("advisory_lock")
+#: The longest wait, in seconds, between two tries of a scheduler while the database is out
+#: of reach: a scheduler is back at most this long after its database.
+RETRY_CAP = 3.0
+_RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
 
 
 def is_outage(error: BaseException) -> bool:
@@ -59,3 +68,50 @@ def is_refusal(error: BaseException) -> bool:
     which a new connection may no longer reach: libpq's ``target_session_attrs=read-write``
     and a proxy's health check lead it to the new primary), or an error caused by one."""
     return any(isinstance(cause, ReplicaError) for cause in _chain(error))
+
+
+class Outage:
+    """The outage of the database ``using`` that a scheduler is riding out, if any: since
+    when, the wait before its next try, and whether it is a refusal to lock."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.since: float | None = None  # time.monotonic() of its first failed pass
+        self.retry_in = 0.0
+        self.refused = False  # a refusal to lock (``is_refusal``), not out of reach
+
+    def failed(self, error: Exception) -> float:
+        """A pass failed with ``error``: warn at the start of the outage, and return how
+        long to wait before the next try: ``_RETRY_FIRST``, then twice the last wait, at
+        most ``RETRY_CAP``."""
+        if self.since is not None:
+            self.retry_in = min(2 * self.retry_in, RETRY_CAP)
+            return self.retry_in
+        self.since = time.monotonic()
+        self.retry_in = _RETRY_FIRST
+        self.refused = is_refusal(error) and not is_outage(error)
+        summary = (str(error).strip().splitlines() or [""])[0]
+        logger.warning(
+            "run_jobs: the database %r %s (%s: %s); no run starts until %s. "
+            "Retrying, at most %gs apart.",
+            self.using,
+            "takes no lock now" if self.refused else "is unreachable",
+            type(error).__name__,
+            summary,
+            "it takes locks again" if self.refused else "it is back",
+            RETRY_CAP,
+        )
+        return self.retry_in
+
+    def over(self) -> None:
+        """A pass got through: if it ends an outage, say how long that lasted."""
+        if self.since is None:
+            return
+        lasted = time.monotonic() - self.since
+        self.since = None
+        logger.info(
+            "run_jobs: the database %r %s after %.1fs; scheduling again.",
+            self.using,
+            "takes locks again" if self.refused else "is back",
+            lasted,
+        )

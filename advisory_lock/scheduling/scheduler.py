@@ -46,7 +46,7 @@ say so are an outage (``is_outage``): any other error, a bug, still stops the sc
 database in reach that takes no lock (a replica, a primary demoted by a failover:
 ``is_refusal``) is ridden out the same way, and said as such: its claims fail before any run
 is given to a worker. A run that fails before it starts in its worker (its lock or its
-claim refused) holds its entry back, said once, for a growing while (``_Backoff``).
+claim refused) holds its entry back, said once, for a growing while (``Backoff``).
 """
 
 from __future__ import annotations
@@ -54,17 +54,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import itertools
-import logging
 import math
-import random
 import select
 import signal
 import time
-import zlib
 from collections.abc import Callable
 from collections.abc import Iterator
-from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from django.db import connections
@@ -74,15 +69,17 @@ from advisory_lock.datetimes import from_field
 from advisory_lock.ledger import Attempt
 from advisory_lock.ledger import JobRun
 from advisory_lock.ledger import abandon_orphans
-from advisory_lock.ledger import claimed_by_process
 from advisory_lock.ledger import deciding_attempts
-from advisory_lock.ledger import fail_orphaned
 from advisory_lock.schedule import MAX_CATCH_UP
 from advisory_lock.schedule import Entry
 from advisory_lock.scheduling.alerts import missed_before
 from advisory_lock.scheduling.alerts import slot_failed
 from advisory_lock.scheduling.boundaries import Boundaries
 from advisory_lock.scheduling.boundaries import Due
+from advisory_lock.scheduling.children import UNRECORDED
+from advisory_lock.scheduling.children import Backoff
+from advisory_lock.scheduling.children import Child
+from advisory_lock.scheduling.children import Death
 from advisory_lock.scheduling.claims import Claims
 from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
@@ -93,13 +90,15 @@ from advisory_lock.scheduling.first_seen import FirstSeen
 from advisory_lock.scheduling.liveness import POLL_INTERVAL
 from advisory_lock.scheduling.liveness import Heartbeat
 from advisory_lock.scheduling.liveness import heartbeat_interval
-from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.notifications import CONTROL
 from advisory_lock.scheduling.notifications import LISTENING
 from advisory_lock.scheduling.notifications import SCHEDULE_CHANGED
 from advisory_lock.scheduling.notifications import Listening
+from advisory_lock.scheduling.outages import RETRY_CAP as RETRY_CAP  # its documented path
+from advisory_lock.scheduling.outages import Outage
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.outages import is_refusal
+from advisory_lock.scheduling.sharing import Sharing
 from advisory_lock.scheduling.stored import stored_entries
 from advisory_lock.scheduling.task_ends import TaskEnds
 from advisory_lock.scheduling.workers import DEFAULT_WORKERS
@@ -110,15 +109,9 @@ from advisory_lock.scheduling.workers import SKIPPED
 from advisory_lock.scheduling.workers import SUCCEEDED
 from advisory_lock.scheduling.workers import Pool
 from advisory_lock.scheduling.workers import Run
-from advisory_lock.scheduling.workers import Worker
 
-logger = logging.getLogger("advisory_lock")
 Status = JobRun.Status
-#: What the scheduler says, with why, of a dead run whose failure it could not write.
-UNRECORDED = "not recorded in the ledger"
 _LOOP = 0.2  # seconds between two looks at the clock while idle
-#: About how many schedulers of a fleet look for requests in each poll interval.
-POLLERS = 4
 _SWEEP = 60.0  # seconds between two sweeps for abandoned runs
 #: The longest, in seconds, that a once-a-minute chore (the sweep; the server's clock read
 #: again, with the count of the fleet) waits while the scheduler hands out due slots: a
@@ -127,61 +120,6 @@ _CHORES_WAIT = 5.0
 #: How many due slots a scheduler claims ahead per worker, its runs going on included: a
 #: bound on the slots it keeps from the others while its workers are busy.
 _AHEAD = 8
-_RETRY_FIRST = 0.2  # seconds between the first failed pass of an outage and the next try
-#: The longest wait, in seconds, between two tries of a scheduler while the database is out
-#: of reach: a scheduler is back at most this long after its database.
-RETRY_CAP = 3.0
-#: How long, in seconds, a scheduler waits for the server to free the lock of a job process
-#: it saw die before it leaves the run to a sweep. A server frees a session's locks once it
-#: has read the end of its connection, which the kernel closes when the process dies: a
-#: moment after the scheduler has reaped it, not at the same instant.
-_LOCK_FREED_AFTER_DEATH = 30.0
-
-
-@dataclass
-class _Backoff:
-    """How long an entry whose runs fail before they start waits before its next try: 1 s,
-    then twice the last wait, at most ``CAP`` seconds (a handful of tries a minute)."""
-
-    FIRST = 1.0
-    CAP = 60.0
-
-    wait: float = 0.0
-    until: float = 0.0  # time.monotonic()
-
-    def again(self) -> None:
-        self.wait = min(2 * self.wait, self.CAP) if self.wait else self.FIRST
-        self.until = time.monotonic() + self.wait
-
-
-@dataclass
-class Child:
-    """A run going on here: the worker that runs it, and what it runs."""
-
-    worker: Worker
-    run: Run
-
-    @property
-    def entry(self) -> Entry:
-        return self.run.entry
-
-    @property
-    def slot(self) -> str:
-        return self.run.slot
-
-    @property
-    def process(self) -> BaseProcess:
-        return self.worker.process
-
-
-@dataclass
-class Death:
-    """A job process that died before it could record its run's end, and how."""
-
-    child: Child
-    how: str
-    since: float  # time.monotonic() when it was reaped
-    said_waiting: bool = False
 
 
 class Scheduler:
@@ -222,13 +160,8 @@ class Scheduler:
         # until the next sweep (that scheduler runs them, and its retries; a sweep finds
         # what a dead one left).
         self._elsewhere: set[tuple[str, str]] = set()
-        # This scheduler's order of the entries (see ``share``).
-        self._order = list(entries)
-        random.shuffle(self._order)
-        self._own = set(entries)  # until ``share`` has seen the fleet: all are
-        self._shares_left = 2  # heartbeats at which to share again before once a minute
-        # This scheduler's rank among the live ones, and their number (see ``share``).
-        self._rank, self._fleet_size = 0, 1
+        # This scheduler's order of the entries, its own first (see ``share``).
+        self.sharing = Sharing(entries)
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
         self.say = say
@@ -247,13 +180,9 @@ class Scheduler:
         self._deaths: list[Death] = []
         # Failed runs (entry, slot, how if the scheduler knows it) to alert of (``reap``).
         self._failures: list[tuple[Entry, str, str]] = []
-        # The outage under way: when its first failed pass was (time.monotonic()), and the
-        # wait before the next try.
-        self._outage_since: float | None = None
-        self._retry_in = 0.0
-        self._refused = False  # the outage is a refusal to lock (``is_refusal``)
+        self.outage = Outage(using)  # the one under way, if any
         # Entries whose last run failed before it started: no run until their backoff ends.
-        self._held_back: dict[str, _Backoff] = {}
+        self._held_back: dict[str, Backoff] = {}
         self.heartbeat = Heartbeat(using)
         self.first_seen = FirstSeen(using)  # when each entry was first loaded by a scheduler
         self.heartbeat_interval = heartbeat_interval()  # read once: ValueError if bad
@@ -317,8 +246,7 @@ class Scheduler:
                     self._clock = None  # read again: a failover may bring another clock
                     self._wait(self._outage(error))
                     continue
-                if self._outage_since is not None:
-                    self._outage_over()
+                self.outage.over()
                 # A lost listening connection with the database in reach: say so.
                 self.listening.say_failure()
                 self._wait(self._until_next_look())
@@ -403,21 +331,12 @@ class Scheduler:
         self._quiet.clear()
 
     def _polls_now(self, polled_at: float) -> bool:
-        """Is it this scheduler's turn to look for requests? Once a poll interval, in a
-        fleet of up to ``POLLERS`` live schedulers. In a larger one, the intervals (counted
-        on the server's clock, which they share) take turns: the schedulers whose rank
-        (``share``) is the interval's number modulo ``ceil(live / POLLERS)`` look, so that
-        about ``POLLERS`` look in each interval, whatever the fleet's size, and a request is
-        still seen within an interval (any scheduler can run it: the one that claims its
-        entry). A scheduler alone in its turn that died leaves its turns to the others'
-        next look, until the fleet is counted again (``share``: once a minute)."""
+        """Is it this scheduler's turn to look for requests? Once a poll interval, and in a
+        large fleet only in its turns (``Sharing.polls_in``)."""
         interval = self._poll_interval()
         if time.monotonic() < polled_at + interval:
             return False
-        turns = math.ceil(self._fleet_size / POLLERS)
-        if turns <= 1:
-            return True
-        return math.floor(self.now().timestamp() / interval) % turns == self._rank % turns
+        return self.sharing.polls_in(self.now(), interval)
 
     def _poll_interval(self) -> float:
         """``poll_interval``, but at most ``POLL_INTERVAL`` (1 s) while the database announces
@@ -453,37 +372,16 @@ class Scheduler:
                 self.read_clock()
             self.heartbeat.beat(self.now())
             self._next_beat = time.monotonic() + self.heartbeat_interval
-            if reread or self._shares_left:
-                self._shares_left = max(0, self._shares_left - 1)
+            if reread or self.sharing.counts_left:
+                self.sharing.counts_left = max(0, self.sharing.counts_left - 1)
                 self.share()
 
     def share(self) -> None:
-        """Order the entries so that the live schedulers share a boundary's due slots: each
-        tries first the entries that fall to it (a stable hash of the name, modulo the
-        number of live schedulers, against its rank among them), then the others', each part
-        shuffled. A claim then rarely finds its entry taken. One statement; at the first
-        heartbeats (the fleet may be starting), then once a minute, or at the next two heartbeats
-        while the count changes."""
-        live = sorted(row.pk for row in live_schedulers(self.using, self.now()))
+        """Count the live schedulers and order the entries by this one's share of them
+        (``scheduling.sharing``): one statement."""
         mine = self.heartbeat.row.pk if self.heartbeat.row is not None else None
-        rank, size = (live.index(mine), len(live)) if mine in live else (0, 1)
-        if (rank, size) != (self._rank, self._fleet_size):
-            # The fleet is changing (starting, or a scheduler came or went): counted again
-            # at the next two heartbeats, not in a minute.
-            self._shares_left = 2
-        self._rank, self._fleet_size = rank, size
-        self._reorder()
-
-    def _reorder(self) -> None:
-        """``_order`` and ``_own`` of the entries, by the rank and size of the fleet as last
-        counted (``share``): no statement."""
-        rank, size = self._rank, self._fleet_size
-        own = [name for name in self.entries if zlib.crc32(name.encode()) % size == rank]
-        others = [name for name in self.entries if zlib.crc32(name.encode()) % size != rank]
-        random.shuffle(own)
-        random.shuffle(others)
-        self._order = own + others
-        self._own = set(own)
+        self.sharing.count(self.using, self.now(), mine)
+        self.sharing.reorder(self.entries)
 
     def _stop(self, signum: int, frame: Any) -> None:
         self.say(f"run_jobs: signal {signum}: no new runs; waiting for the running ones.")
@@ -509,7 +407,7 @@ class Scheduler:
         until = time.monotonic() + seconds
         while not self.stopping and (left := until - time.monotonic()) > 0:
             answers = self.pool.answers()
-            if self._outage_since is None:
+            if self.outage.since is None:
                 heard = self.listening.wait(min(left, _LOOP / 2), answers)
             else:  # no listening either: the database is tried at the outage's pace only
                 self._wait_for_workers(min(left, _LOOP / 2))
@@ -541,8 +439,7 @@ class Scheduler:
 
     def _outage(self, error: Exception) -> float:
         """A pass could not reach the database: drop the connections (the next try opens new
-        ones), warn at the start of the outage, and return how long to wait before the next
-        try: ``_RETRY_FIRST``, then twice the last wait, at most ``RETRY_CAP``."""
+        ones), and return how long to wait before the next try (``Outage.failed``)."""
         for connection in connections.all(initialized_only=True):
             with contextlib.suppress(Exception):  # a broken connection may fail to close
                 connection.close()
@@ -552,39 +449,11 @@ class Scheduler:
         self.claims.close()
         self._ready.clear()
         self.listening.forget_failure()
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            self._retry_in = _RETRY_FIRST
-            self._refused = is_refusal(error) and not is_outage(error)
-            summary = (str(error).strip().splitlines() or [""])[0]
-            logger.warning(
-                "run_jobs: the database %r %s (%s: %s); no run starts until %s. "
-                "Retrying, at most %gs apart.",
-                self.using,
-                "takes no lock now" if self._refused else "is unreachable",
-                type(error).__name__,
-                summary,
-                "it takes locks again" if self._refused else "it is back",
-                RETRY_CAP,
-            )
-        else:
-            self._retry_in = min(2 * self._retry_in, RETRY_CAP)
-        return self._retry_in
+        return self.outage.failed(error)
 
     def _holds_back(self, name: str) -> bool:
         held = self._held_back.get(name)
         return held is not None and time.monotonic() < held.until
-
-    def _outage_over(self) -> None:
-        assert self._outage_since is not None
-        lasted = time.monotonic() - self._outage_since
-        self._outage_since = None
-        logger.info(
-            "run_jobs: the database %r %s after %.1fs; scheduling again.",
-            self.using,
-            "takes locks again" if self._refused else "is back",
-            lasted,
-        )
 
     def start_due(self) -> None:
         """Give due slots to this scheduler's free workers, each once its entry is claimed
@@ -620,7 +489,7 @@ class Scheduler:
                 break
             self._handing_out = True
             candidates = dict([first])
-            if first[0] in self._own:
+            if first[0] in self.sharing.own:
                 candidates.update(itertools.islice(pending, wanted - 1))
             else:
                 candidates.update(pending)
@@ -638,8 +507,8 @@ class Scheduler:
                     # another one, and this slot is looked at again at the next pass.
                     if self.entries[name].catch_up != "all":
                         self._elsewhere.add((name, due.slot))
-                    if name in self._own:
-                        self._shares_left = max(self._shares_left, 1)  # the fleet changed
+                    if name in self.sharing.own:  # the fleet changed: counted again
+                        self.sharing.counts_left = max(self.sharing.counts_left, 1)
             ready = self._wanted(chosen)
             self.claims.release(name for name in chosen if name not in ready)
             self._ready.update(ready)
@@ -664,10 +533,10 @@ class Scheduler:
 
     def _next_slots(self, now: datetime.datetime) -> Iterator[tuple[str, Due]]:
         """The next slot of each entry with no run going here, claimed by no one here, not
-        held back, and neither settled nor known to be another scheduler's: in ``_order``
-        (its own first), each looked at when the caller asks for it."""
+        held back, and neither settled nor known to be another scheduler's: in the shared
+        order (``Sharing``: its own first), each looked at when the caller asks for it."""
         quiet = self._quiet
-        for name in self._order:
+        for name in self.sharing.order:
             if name in quiet and now < quiet[name]:
                 continue  # nothing to run before its next boundary
             if self.busy(name) or name in self.claims.held or self._holds_back(name):
@@ -759,7 +628,7 @@ class Scheduler:
         self._elsewhere = {slot for slot in self._elsewhere if slot[0] not in changed}
         added, removed = entries.keys() - self.entries.keys(), self.entries.keys() - entries.keys()
         self.entries = entries
-        self._reorder()
+        self.sharing.reorder(entries)
         self.pool.size = max(1, min(self.workers, len(entries)))
         if say:
             for what, names in (
@@ -968,10 +837,10 @@ class Scheduler:
             if held is None:
                 self.say(
                     f"run_jobs: {run} did not start ({why}); nothing was recorded. The runs "
-                    f"of {name} are tried again, at most {_Backoff.CAP:g}s apart, until one "
+                    f"of {name} are tried again, at most {Backoff.CAP:g}s apart, until one "
                     f"starts."
                 )
-                held = self._held_back[name] = _Backoff()
+                held = self._held_back[name] = Backoff()
             held.again()
             return
         if name in self._held_back and not died:
@@ -1008,43 +877,24 @@ class Scheduler:
     def _record_deaths(self) -> None:
         """Record failed the runs whose process died, with how (the scheduler knows). A
         death stays for a later pass while the database can't record it (an outage), and
-        while the server still holds the dead process's lock (for up to
-        ``_LOCK_FREED_AFTER_DEATH`` seconds): a run is recorded failed only under a free
-        lock, so that a live owner's run never is."""
+        while the server still holds the dead process's lock (``Death.record``)."""
         for death in list(self._deaths):
-            child, how = death.child, death.how
-            name, slot = child.entry.name, child.slot
-            marked = fail_orphaned(self.using, name, slot, f"The run {how}.")
-            run = f"{name} [{slot}]"
-            claimed = not marked and claimed_by_process(
-                self.using, name, slot, child.process.pid or 0
-            )
-            if claimed and time.monotonic() - death.since < _LOCK_FREED_AFTER_DEATH:
+            child = death.child
+            run = f"{child.entry.name} [{child.slot}]"
+            unrecorded = death.record(self.using)
+            if unrecorded is None:
                 if not death.said_waiting:
                     death.said_waiting = True
-                    self.say(f"run_jobs: {run} died ({how}); its lock is not free yet.")
+                    self.say(f"run_jobs: {run} died ({death.how}); its lock is not free yet.")
                 continue
             self._deaths.remove(death)
-            self._unclaim.append(name)  # its end recorded (or left to a sweep)
-            if marked:
-                unrecorded = ""
-            elif claimed:
-                unrecorded = (
-                    f"; {UNRECORDED}: its lock was still held {_LOCK_FREED_AFTER_DEATH:g}s after "
-                    f"it died, so its row stays running until a sweep finds the lock free and "
-                    f"marks it abandoned"
-                )
-            else:
-                unrecorded = (
-                    f"; {UNRECORDED}: it had no running row there (it died before it claimed "
-                    f"the slot, or its row was ended already)"
-                )
-            self.say(f"run_jobs: {run} failed: {how}{unrecorded}")
-            self._failures.append((child.entry, slot, f"The run {how}{unrecorded}."))
+            self._unclaim.append(child.entry.name)  # its end recorded (or left to a sweep)
+            self.say(f"run_jobs: {run} failed: {death.how}{unrecorded}")
+            self._failures.append((child.entry, child.slot, f"The run {death.how}{unrecorded}."))
 
     def _record_deaths_before_exit(self) -> None:
         """Record the deaths, waiting for the server to free their locks (bounded by
-        ``_LOCK_FREED_AFTER_DEATH``: a death whose lock is still held then is said not
+        ``LOCK_FREED_AFTER_DEATH``: a death whose lock is still held then is said not
         recorded, and left to a sweep)."""
         self._record_deaths()
         while self._deaths:

@@ -69,6 +69,8 @@ from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
+from advisory_lock.row_writes import insert_row
+from advisory_lock.row_writes import update_row_while
 from advisory_lock.server_clock import ledger_now
 from advisory_lock.validation import check_flag
 from advisory_lock.validation import check_text
@@ -336,7 +338,9 @@ def _claim(
             # must not doom that transaction (PostgreSQL aborts it on any error), so the
             # INSERT gets a savepoint there; in autocommit it needs none.
             with _savepoint_if_in_transaction(using):
-                run = rows.create(
+                run = insert_row(
+                    JobRun,
+                    using,
                     job_name=job_name,
                     period=this_slot,
                     attempt=attempt,
@@ -387,6 +391,13 @@ def _fenced_rows() -> models.QuerySet[JobRun]:
     """The rows with ``fenced_status`` (``_while``), built once: each fenced write filters a
     copy (``using()`` and ``filter()`` return new QuerySets; this one is never evaluated)."""
     return JobRun.objects.alias(fenced_status=Concat("status", Value("")))
+
+
+def _end_running(using: str, run: JobRun, written: dict[str, Any]) -> int:
+    """Write ``written`` into the row of ``run`` while it is ``running`` (the fence of a
+    run's end): 1, or 0 if it was taken over. One UPDATE through the primary key, as
+    ``_while(...).update()`` sends (see ``row_writes.update_row_while``)."""
+    return update_row_while(JobRun, using, run.pk, "status", Status.RUNNING.value, **written)
 
 
 def deciding_attempt(attempts: models.QuerySet[JobRun]) -> JobRun | None:
@@ -464,7 +475,6 @@ def finish(
 
     def record() -> int:
         now = ledger_now(using)
-        running = _while(using, run, Status.RUNNING)
         end: dict[str, Any] = {
             "finished_at": to_field(now),
             "duration": now - from_field(run.started_at),
@@ -476,7 +486,7 @@ def finish(
             # Inside the caller's transaction (LEDGER_IN_CALLERS_TRANSACTION) a refused
             # UPDATE must not doom it (PostgreSQL aborts it on any error): a savepoint.
             with _savepoint_if_in_transaction(using):
-                updated = running.update(**written)
+                updated = _end_running(using, run, written)
         except IntegrityError:
             # The UPDATE changes no column of the (job, slot, attempt) constraint: only the
             # one-success-per-slot index can refuse it, for a success, when another row of
@@ -490,7 +500,7 @@ def finish(
                 raise
             refused.append(_already_succeeded(run, success))
             written = {"status": Status.FAILED.value, "error": refused[0], **end}
-            updated = running.update(**written)
+            updated = _end_running(using, run, written)
         if updated:
             # The row holds what was written (the fence matched it by primary key): the
             # same values in memory, without reading them back.

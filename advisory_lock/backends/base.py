@@ -415,6 +415,16 @@ class LockInspector:
         """A collation that compares text exactly, for columns whose default does not."""
         return None
 
+    def insert_returning_pk(
+        self, cursor: Any, sql: str, params: Sequence[Any], pk_column: str
+    ) -> int:
+        """Run the single-row ``INSERT`` ``sql`` on ``cursor`` and return the new row's
+        auto-increment primary key: PEP 249's ``lastrowid``, which MySQLdb and sqlite3 set
+        to it (MySQL's ``LAST_INSERT_ID()``, SQLite's rowid, the alias of an ``INTEGER
+        PRIMARY KEY``). ``pk_column``: the key's column, quoted."""
+        cursor.execute(sql, params)
+        return int(cursor.lastrowid)
+
 
 def pooler_advice(alias: str) -> str:
     """The two ways out for session locks behind a transaction-mode pooler."""

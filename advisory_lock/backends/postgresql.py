@@ -1179,6 +1179,14 @@ class PostgreSQLInspector(LockInspector):
         with self.connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [holder_id])
 
+    def insert_returning_pk(
+        self, cursor: Any, sql: str, params: Sequence[Any], pk_column: str
+    ) -> int:
+        # psycopg's lastrowid is the row's OID, which a table without OIDs does not have:
+        # the key comes back in the statement's own answer.
+        cursor.execute(f"{sql} RETURNING {pk_column}", params)
+        return int(cursor.fetchone()[0])
+
     def database_now(self) -> datetime.datetime:
         now: datetime.datetime
         with self.connection.cursor() as cursor:

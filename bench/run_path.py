@@ -36,25 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servers import MY_PARAMS
+from servers import PG_PARAMS
+from servers import databases
+
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_run_path"
-SERVERS = {
-    "postgresql": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": DATABASE,
-        "USER": "postgres",
-        "HOST": "127.0.0.1",
-        "PORT": "5432",
-    },
-    "mysql": {
-        "ENGINE": "django.db.backends.mysql",
-        "NAME": DATABASE,
-        "USER": "root",
-        "HOST": "127.0.0.1",
-        "PORT": "3306",
-        "OPTIONS": {"charset": "utf8mb4"},
-    },
-}
+#: Django's DATABASES entry of each server (``bench/servers.py``), on this script's database.
+SERVERS = {alias: {**entry, "NAME": DATABASE} for alias, entry in databases().items() if entry}
 #: The raw side's statements, per server: (lock, insert, check, update, unlock).
 RAW = {
     "postgresql": (
@@ -104,13 +93,14 @@ def create_database(server: str) -> None:
     if server == "postgresql":
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", user="postgres", autocommit=True) as connection:
+        server = {**PG_PARAMS, "dbname": "postgres"}
+        with psycopg.connect(**server, autocommit=True) as connection:
             connection.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
             connection.execute(f"CREATE DATABASE {DATABASE}")
     else:
         import MySQLdb
 
-        connection = MySQLdb.connect(host="127.0.0.1", user="root")
+        connection = MySQLdb.connect(**{**MY_PARAMS, "database": "mysql"})
         cursor = connection.cursor()
         cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
         cursor.execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
@@ -153,9 +143,7 @@ def raw_runs(server: str, runs: int, tag: str) -> Any:
         import psycopg
 
         def connect() -> Any:
-            return psycopg.connect(
-                host="127.0.0.1", user="postgres", dbname=DATABASE, autocommit=True
-            )
+            return psycopg.connect(**{**PG_PARAMS, "dbname": DATABASE}, autocommit=True)
 
         def key(i: int) -> Any:
             return (os.getpid() << 20) + i
@@ -170,7 +158,7 @@ def raw_runs(server: str, runs: int, tag: str) -> Any:
         import MySQLdb
 
         def connect() -> Any:
-            connection = MySQLdb.connect(host="127.0.0.1", user="root", db=DATABASE)
+            connection = MySQLdb.connect(**{**MY_PARAMS, "database": DATABASE})
             connection.autocommit(True)
             return connection
 

@@ -69,6 +69,7 @@ from advisory_lock.periods import Period
 from advisory_lock.periods import check_job_name
 from advisory_lock.periods import check_period
 from advisory_lock.periods import slot
+from advisory_lock.row_reads import rows_in
 from advisory_lock.row_writes import insert_row
 from advisory_lock.row_writes import update_row_while
 from advisory_lock.server_clock import ledger_now
@@ -423,14 +424,15 @@ class Attempt(NamedTuple):
 
 def deciding_attempts(using: str, slots: dict[str, str]) -> dict[str, Attempt]:
     """``deciding_attempt`` of each job's slot in ``slots`` (job name: period), in one
-    statement; a job whose slot has no attempt is left out. Read as tuples of five columns:
-    a scheduler's batch may hold the slots of hundreds of entries, most of them done."""
-    if not slots:
-        return {}
-    rows = (
-        JobRun.objects.using(using)
-        .filter(job_name__in=list(slots), period__in=set(slots.values()))
-        .values_list("job_name", "period", "status", "attempt", "succeeded")
+    statement; a job whose slot has no attempt is left out. Read as tuples of five columns
+    (``row_reads``): a scheduler's batch may hold the slots of hundreds of entries, most of
+    them done."""
+    rows = rows_in(
+        JobRun,
+        using,
+        ("job_name", "period", "status", "attempt", "succeeded"),
+        job_name=list(slots),
+        period=set(slots.values()),
     )
     deciding: dict[str, Attempt] = {}
     for job_name, period, status, attempt, succeeded in rows:

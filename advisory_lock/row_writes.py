@@ -25,7 +25,7 @@ from advisory_lock.backends import inspector_for
 M = TypeVar("M", bound=models.Model)
 
 
-def _column(field: Any) -> str:
+def column_of(field: Any) -> str:
     """The column of a concrete, non-relational ``field``: Django names it after the field
     unless ``db_column`` says otherwise."""
     return str(field.db_column or field.name)
@@ -59,7 +59,7 @@ def _build_insert(model: type[models.Model], connection: BaseDatabaseWrapper) ->
     _, written, _ = _columns(model)
     return (
         f"INSERT INTO {quote(model._meta.db_table)} "
-        f"({', '.join(quote(_column(field)) for field in written)}) "
+        f"({', '.join(quote(column_of(field)) for field in written)}) "
         f"VALUES ({', '.join(['%s'] * len(written))})"
     )
 
@@ -75,7 +75,7 @@ def insert_row(model: type[M], using: str, **values: Any) -> M:
     params = [field.get_db_prep_save(getattr(row, field.name), connection) for field in written]
     with connection.cursor() as cursor:
         pk = inspector_for(connection).insert_returning_pk(
-            cursor, _insert_sql(model, connection), params, quote(_column(key))
+            cursor, _insert_sql(model, connection), params, quote(column_of(key))
         )
     # The row as loaded from the database (``Model.from_db``): saved, on ``using``.
     loaded = {key.name: pk, **{field.name: getattr(row, field.name) for field in written}}
@@ -123,9 +123,9 @@ def _build_update(
     quote = connection.ops.quote_name
     meta = model._meta
     _, _, key = _columns(model)
-    assignments = ", ".join(f"{quote(_column(meta.get_field(name)))} = %s" for name in written)
-    fence = quote(_column(meta.get_field(field)))
+    assignments = ", ".join(f"{quote(column_of(meta.get_field(name)))} = %s" for name in written)
+    fence = quote(column_of(meta.get_field(field)))
     return (
         f"UPDATE {quote(meta.db_table)} SET {assignments} "
-        f"WHERE {quote(_column(key))} = %s AND COALESCE({fence}, '') = %s"
+        f"WHERE {quote(column_of(key))} = %s AND COALESCE({fence}, '') = %s"
     )

@@ -52,7 +52,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("declarations", ("periods", "queues", "schedule", "expectations")),
-    ("ledger", ("server_clock", "row_writes", "ledger", "migrate_pages", "admin_writes")),
+    (
+        "ledger",
+        ("server_clock", "row_writes", "row_reads", "ledger", "migrate_pages", "admin_writes"),
+    ),
     ("guarded runs", ("single_instance", "once", "tasks")),
     ("scheduling", ("scheduling",)),
     (

@@ -29,13 +29,12 @@ import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.db import connections
 from django.db import models
 from django.db import transaction
-from django.db.models import Exists
 from django.db.models import OuterRef
-from django.db.models import Q
 from django.db.models import Subquery
 
 from advisory_lock.backends import inspector_for
@@ -44,6 +43,8 @@ from advisory_lock.datetimes import to_field
 from advisory_lock.exceptions import AdvisoryLockError
 from advisory_lock.ledger import JobRun
 from advisory_lock.periods import ledger_time_zone
+from advisory_lock.row_reads import Names
+from advisory_lock.row_reads import placeholders
 from advisory_lock.scheduling.liveness import live_schedulers
 from advisory_lock.scheduling.liveness import no_scheduler_alive
 from advisory_lock.scheduling.notifications import CONTROL
@@ -207,25 +208,37 @@ def pauses_of(
     using: str, job_names: list[str], since: datetime.datetime
 ) -> dict[str, list[Pause]]:
     """``pauses()`` of each job of ``job_names`` from ``since`` on, in one statement: the
-    last switch of each at or before ``since`` (a subquery per job), and the later ones."""
-    switches = JobControl.objects.using(using).filter(
-        job_name__in=job_names, action__in=_PAUSE_OR_RESUME
+    last switch of each at or before ``since`` (a subquery per job), and the later ones.
+    Asked at every batch of due slots: written as SQL (``row_reads``), read through
+    ``QuerySet.raw()``, which converts the times as the ORM does."""
+    if not job_names:
+        return {}
+    connection = connections[using]
+    controls = Names(JobControl, connection)
+    inner = connection.ops.quote_name("last_switch")
+    table, name, action, at, pk = (
+        controls.table,
+        controls["job_name"],
+        controls["action"],
+        controls["requested_at"],
+        controls["pk"],
     )
-    stored = to_field(since)
-    last_before = (
-        JobControl.objects.using(using)
-        .filter(
-            job_name=OuterRef("job_name"), action__in=_PAUSE_OR_RESUME, requested_at__lte=stored
-        )
-        .order_by("-requested_at", "-pk")
-        .values("pk")[:1]
+    field_since = to_field(since)
+    stored = controls.param("requested_at", field_since)
+    sql = (
+        f"SELECT {pk}, {name}, {action}, {at} FROM {table} "
+        f"WHERE {name} IN ({placeholders(len(job_names))}) AND {action} IN (%s, %s) "
+        f"AND ({at} > %s OR {pk} = (SELECT {inner}.{pk} FROM {table} AS {inner} "
+        f"WHERE {inner}.{name} = {table}.{name} AND {inner}.{action} IN (%s, %s) "
+        f"AND {inner}.{at} <= %s ORDER BY {inner}.{at} DESC, {inner}.{pk} DESC LIMIT 1)) "
+        f"ORDER BY {at}, {pk}"
     )
+    switches = [action.value for action in _PAUSE_OR_RESUME]
+    params = [*job_names, *switches, stored, *switches, stored]
     paused_at_since: set[str] = set()
     later: dict[str, list[JobControl]] = {}
-    for switch in switches.filter(
-        Q(requested_at__gt=stored) | Q(pk=Subquery(last_before))
-    ).order_by("requested_at", "pk"):
-        if switch.requested_at > stored:
+    for switch in JobControl.objects.using(using).raw(sql, params):
+        if switch.requested_at > field_since:
             later.setdefault(switch.job_name, []).append(switch)
         elif switch.action == Action.PAUSE:
             paused_at_since.add(switch.job_name)
@@ -303,24 +316,48 @@ def run_going_on(using: str, job_name: str) -> JobRun | None:
     )
 
 
+class Request(NamedTuple):
+    """A pending run-now request, or a change of a stored entry, as ``pending_requests``
+    reads it: what a scheduler acts on, no model instance."""
+
+    pk: int
+    action: str
+    job_name: str
+    slot: str
+
+
 def pending_requests(
     using: str,
     job_names: Iterable[str],
     now: datetime.datetime,
     changes_since: datetime.datetime | None = None,
-) -> list[JobControl]:
+) -> list[Request]:
     """The run-now requests of ``job_names`` whose slot has no attempt yet (at most
     ``REQUEST_EXPIRES`` old), and with ``changes_since`` the changes of stored entries
-    stamped since then, oldest first: one statement."""
-    attempted = JobRun.objects.using(using).filter(
-        job_name=OuterRef("job_name"), period=OuterRef("slot")
+    stamped since then, oldest first: one statement (``row_reads``: several a second in a
+    fleet). The statement reads the pending requests of every job: there are few, and the
+    names are kept in Python; with the changes' condition, which names no job, the
+    database could not serve it from the index on the names anyway."""
+    connection = connections[using]
+    controls, runs = Names(JobControl, connection), Names(JobRun, connection)
+    at = controls["requested_at"]
+    wanted = (
+        f"({controls['action']} = %s AND {at} >= %s AND NOT EXISTS ("
+        f"SELECT 1 FROM {runs.table} WHERE {runs.table}.{runs['job_name']} = "
+        f"{controls.table}.{controls['job_name']} AND {runs.table}.{runs['period']} = "
+        f"{controls.table}.{controls['slot']}))"
     )
-    wanted = Q(
-        ~Exists(attempted),
-        action=Action.RUN_NOW,
-        job_name__in=list(job_names),
-        requested_at__gte=to_field(now - REQUEST_EXPIRES),
-    )
+    params = [
+        Action.RUN_NOW.value,
+        controls.param("requested_at", to_field(now - REQUEST_EXPIRES)),
+    ]
     if changes_since is not None:
-        wanted |= Q(action=Action.CHANGE, requested_at__gte=to_field(changes_since))
-    return list(JobControl.objects.using(using).filter(wanted).order_by("requested_at", "pk"))
+        wanted += f" OR ({controls['action']} = %s AND {at} >= %s)"
+        params += [Action.CHANGE.value, controls.param("requested_at", to_field(changes_since))]
+    columns = ", ".join(controls[field] for field in Request._fields)
+    sql = f"SELECT {columns} FROM {controls.table} WHERE {wanted} ORDER BY {at}, {controls['pk']}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = [Request(*row) for row in cursor.fetchall()]
+    names = set(job_names)
+    return [row for row in rows if row.action == Action.CHANGE or row.job_name in names]

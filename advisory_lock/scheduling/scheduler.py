@@ -83,6 +83,7 @@ from advisory_lock.scheduling.children import Death
 from advisory_lock.scheduling.claims import Claims
 from advisory_lock.scheduling.control import CHANGE_MARGIN
 from advisory_lock.scheduling.control import JobControl
+from advisory_lock.scheduling.control import Request
 from advisory_lock.scheduling.control import is_paused
 from advisory_lock.scheduling.control import pauses_of
 from advisory_lock.scheduling.control import pending_requests
@@ -575,7 +576,7 @@ class Scheduler:
             name for name in self.entries if not self.busy(name) and not self._holds_back(name)
         ]
         now = self.now()
-        requests: dict[str, JobControl] = {}
+        requests: dict[str, Request] = {}
         changes: set[int] = set()
         for request in pending_requests(
             self.using, idle if free else [], now, self._changes_since

@@ -5,8 +5,8 @@ queries did, on every backend, in one statement each.
   to three pause / resume switches, at every ``since`` around them (the same instant
   included), with ``USE_TZ`` on and off;
 - ``deciding_attempts`` against ``deciding_attempt()`` for every pair of statuses;
-- ``pending_requests``: only the jobs asked about, only the slots with no attempt, the
-  changes of stored entries whatever the names.
+- ``pending_requests``: only the run-now slots with no attempt, not expired, and the
+  changes of stored entries since the time asked.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def test_deciding_attempts_answers_as_deciding_attempt(using, ledger, statuses):
     assert deciding_attempts(using, {}) == {}
 
 
-def test_pending_requests_are_those_asked_about_with_no_attempt_and_every_change(
+def test_pending_requests_are_the_run_now_requests_with_no_attempt_and_the_changes(
     using, controls, ledger
 ):
-    for name in ("report", "asked-and-run", "not-asked"):
+    for name in ("report", "asked-and-run"):
         controls.create(job_name=name, action=Action.RUN_NOW, requested_at=AT, slot=f"s-{name}")
     controls.create(
         job_name="report",
@@ -130,8 +130,7 @@ def test_pending_requests_are_those_asked_about_with_no_attempt_and_every_change
     controls.create(job_name="report", action=Action.PAUSE, requested_at=AT)
     ledger.create(job_name="asked-and-run", period="s-asked-and-run", started_at=AT, lock_key="k")
     now = AT + datetime.timedelta(minutes=1)
-    asked = ["report", "asked-and-run", "absent"]
-    found = one_statement(using, lambda: pending_requests(using, asked, now, AT))
+    found = one_statement(using, lambda: pending_requests(using, now, AT))
     assert [(row.action, row.job_name, row.slot) for row in found] == [
         (Action.RUN_NOW, "report", "s-report"),
         (Action.CHANGE, "stored", ""),
@@ -139,9 +138,9 @@ def test_pending_requests_are_those_asked_about_with_no_attempt_and_every_change
     run_now = controls.get(slot="s-report")
     assert found[0].pk == run_now.pk
     # No changes asked for, and the changes' rows are older than asked for.
-    assert [row.job_name for row in pending_requests(using, asked, now)] == ["report"]
+    assert [row.job_name for row in pending_requests(using, now)] == ["report"]
     later = AT + datetime.timedelta(seconds=1)
-    assert [row.job_name for row in pending_requests(using, [], now, later)] == []
+    assert [row.action for row in pending_requests(using, now, later)] == [Action.RUN_NOW]
 
 
 def test_rows_in_reads_the_columns_of_the_rows_named(using, ledger):

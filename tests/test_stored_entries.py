@@ -462,7 +462,7 @@ def test_the_look_for_requests_finds_the_changes_of_stored_entries_in_the_same_s
     now = server_now(using)
     since = now - CHANGE_MARGIN
     with CaptureQueriesContext(connections[using]) as idle:
-        assert pending_requests(using, ["report"], now, since) == []
+        assert pending_requests(using, now, since) == []
     stored.create(name="report", callable=f"{JOBS}.tick", every=60)
     row = stored.get(name="report")
     row.every = 120
@@ -470,7 +470,7 @@ def test_the_look_for_requests_finds_the_changes_of_stored_entries_in_the_same_s
     stored.all().delete()
     now = server_now(using)
     with CaptureQueriesContext(connections[using]) as look:
-        found = pending_requests(using, [], now, since)
+        found = pending_requests(using, now, since)
     assert [(row.action, row.job_name) for row in found] == [(Action.CHANGE, "report")] * 3
     assert len(idle) == len(look) == 1
-    assert pending_requests(using, [], server_now(using)) == []  # not asked for
+    assert pending_requests(using, server_now(using)) == []  # not asked for

@@ -327,17 +327,14 @@ class Request(NamedTuple):
 
 
 def pending_requests(
-    using: str,
-    job_names: Iterable[str],
-    now: datetime.datetime,
-    changes_since: datetime.datetime | None = None,
+    using: str, now: datetime.datetime, changes_since: datetime.datetime | None = None
 ) -> list[Request]:
-    """The run-now requests of ``job_names`` whose slot has no attempt yet (at most
-    ``REQUEST_EXPIRES`` old), and with ``changes_since`` the changes of stored entries
-    stamped since then, oldest first: one statement (``row_reads``: several a second in a
-    fleet). The statement reads the pending requests of every job: there are few, and the
-    names are kept in Python; with the changes' condition, which names no job, the
-    database could not serve it from the index on the names anyway."""
+    """The run-now requests whose slot has no attempt yet (at most ``REQUEST_EXPIRES``
+    old), and with ``changes_since`` the changes of stored entries stamped since then,
+    oldest first: one statement (``row_reads``: several a second in a fleet). Of every
+    job: there are few, and the scheduler keeps those of its idle entries; with the
+    changes' condition, which names no job, the database could not serve it from the
+    index on the names anyway."""
     connection = connections[using]
     controls, runs = Names(JobControl, connection), Names(JobRun, connection)
     at = controls["requested_at"]
@@ -358,6 +355,4 @@ def pending_requests(
     sql = f"SELECT {columns} FROM {controls.table} WHERE {wanted} ORDER BY {at}, {controls['pk']}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = [Request(*row) for row in cursor.fetchall()]
-    names = set(job_names)
-    return [row for row in rows if row.action == Action.CHANGE or row.job_name in names]
+        return [Request(*row) for row in cursor.fetchall()]

@@ -572,19 +572,15 @@ class Scheduler:
         (see ``control.CHANGE_MARGIN``), so one that commits after a look is found by the
         next."""
         free = len(self.pool.idle())
-        idle = [
-            name for name in self.entries if not self.busy(name) and not self._holds_back(name)
-        ]
         now = self.now()
         requests: dict[str, Request] = {}
         changes: set[int] = set()
-        for request in pending_requests(
-            self.using, idle if free else [], now, self._changes_since
-        ):
+        for request in pending_requests(self.using, now, self._changes_since):
+            name = request.job_name
             if request.action == JobControl.Action.CHANGE:
                 changes.add(request.pk)
-            else:
-                requests.setdefault(request.job_name, request)
+            elif free and not self.busy(name) and not self._holds_back(name):
+                requests.setdefault(name, request)
         if changes - self._changes_seen:
             self.follow_schedule()
         self._changes_since, self._changes_seen = now - CHANGE_MARGIN, changes

@@ -38,6 +38,7 @@ from typing import Any
 
 from servers import MY_PARAMS
 from servers import PG_PARAMS
+from servers import create_database
 from servers import databases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,24 +88,6 @@ def configure(server: str) -> None:
         ADVISORY_LOCK={"NAMESPACE": "bench"},
     )
     django.setup()
-
-
-def create_database(server: str) -> None:
-    if server == "postgresql":
-        import psycopg
-
-        server = {**PG_PARAMS, "dbname": "postgres"}
-        with psycopg.connect(**server, autocommit=True) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            connection.execute(f"CREATE DATABASE {DATABASE}")
-    else:
-        import MySQLdb
-
-        connection = MySQLdb.connect(**{**MY_PARAMS, "database": "mysql"})
-        cursor = connection.cursor()
-        cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-        cursor.execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
-        connection.close()
 
 
 # A child process: one side, --runs runs once the parent says go, then what it used.
@@ -268,7 +251,7 @@ def main() -> None:
     print("| database | side | runs/s | CPU per run, clients (ms) | runs/s, library / raw |")
     print("| --- | --- | ---: | ---: | ---: |")
     for server in args.only.split(","):
-        create_database(server)
+        create_database(server, DATABASE)
         # In a process of its own: Django is configured for one server per process.
         subprocess.run(
             [sys.executable, __file__, "--child", "migrate", "--only", server], check=True

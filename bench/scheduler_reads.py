@@ -27,31 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 from servers import MY
-from servers import MY_PARAMS
 from servers import PG
-from servers import PG_PARAMS
+from servers import create_database
 from servers import databases
 
 DATABASE = "bench_scheduler_reads"
 ENTRIES = 500
 SLOTS = 20
-
-
-def create_database(server: str) -> None:
-    if server == PG:
-        import psycopg
-
-        with psycopg.connect(**{**PG_PARAMS, "dbname": "postgres"}, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-    else:
-        import MySQLdb
-
-        conn = MySQLdb.connect(**{**MY_PARAMS, "database": "mysql"})
-        cursor = conn.cursor()
-        cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-        cursor.execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
-        conn.close()
 
 
 def configure(servers: list[str]) -> None:
@@ -155,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     servers = args.only.split(",")
     for server in servers:
-        create_database(server)
+        create_database(server, DATABASE)
     configure(servers)
     print("| database | read | library (ms CPU) | raw driver (ms CPU) | library / raw |")
     print("| --- | --- | ---: | ---: | ---: |")

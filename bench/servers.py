@@ -10,6 +10,24 @@ PG_PARAMS = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "t
 MY_PARAMS = {"host": "127.0.0.1", "port": 3306, "user": "root", "database": "test"}
 
 
+def create_database(server: str, name: str) -> None:
+    """Drop the database ``name`` on ``server`` (PG or MY) if it exists, and create it."""
+    if server == PG:
+        import psycopg
+
+        with psycopg.connect(**{**PG_PARAMS, "dbname": "postgres"}, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+    else:
+        import MySQLdb
+
+        conn = MySQLdb.connect(**{**MY_PARAMS, "database": "mysql"})
+        cursor = conn.cursor()
+        cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+        cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        conn.close()
+
+
 def databases(default: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """DATABASES with the aliases PG and MY on the same servers and databases as the raw
     drivers (Django connects lazily: an alias a script does not use costs nothing)."""

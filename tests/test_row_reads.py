@@ -28,6 +28,7 @@ from advisory_lock.row_reads import rows_in
 from advisory_lock.scheduling.control import pauses
 from advisory_lock.scheduling.control import pauses_of
 from advisory_lock.scheduling.control import pending_requests
+from tests.test_control_room import controls  # noqa: F401 (a fixture)
 
 Action = JobControl.Action
 Status = JobRun.Status
@@ -45,14 +46,6 @@ def histories() -> list[tuple[tuple[str, int], ...]]:
     return found
 
 
-@pytest.fixture
-def controls(using):
-    rows = JobControl.objects.using(using)
-    rows.all().delete()
-    yield rows
-    rows.all().delete()
-
-
 def one_statement(using, read):
     with CaptureQueriesContext(connections[using]) as queries:
         answer = read()
@@ -61,7 +54,11 @@ def one_statement(using, read):
 
 
 @pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive"])
-def test_pauses_of_answers_as_pauses_for_every_history_and_since(using, controls, use_tz):
+def test_pauses_of_answers_as_pauses_for_every_history_and_since(
+    using,
+    controls,  # noqa: F811 (the fixture)
+    use_tz,
+):
     with override_settings(USE_TZ=use_tz):
         names = []
         for number, history in enumerate(histories()):
@@ -116,7 +113,9 @@ def test_deciding_attempts_answers_as_deciding_attempt(using, ledger, statuses):
 
 
 def test_pending_requests_are_the_run_now_requests_with_no_attempt_and_the_changes(
-    using, controls, ledger
+    using,
+    controls,  # noqa: F811 (the fixture)
+    ledger,
 ):
     for name in ("report", "asked-and-run"):
         controls.create(job_name=name, action=Action.RUN_NOW, requested_at=AT, slot=f"s-{name}")

@@ -1,12 +1,12 @@
 """The reads that every scheduler makes at every batch of due slots and at every look for
 requests, written without the ORM's query compiler.
 
-Built through ``QuerySet.filter()``, a read with a list of a few hundred job names cost
-the scheduler 3-5 ms of Python, most of it the ``__in`` lookup preparing each name, and the
-look for requests 2 ms with no name at all: a fleet of schedulers paid it several times a
-second, idle or not (``bench/scale.py``). The SQL here is the one the ORM sends, named from
-the models' documented metadata (``Meta.db_table``; a field's name, unless it sets
-``db_column``), quoted by the connection, each parameter converted by its field
+Built through ``QuerySet.filter()``, these reads were most of a scheduler's own Python at a
+boundary, and the look for requests most of it while idle: the ``__in`` lookup prepares each
+of up to 500 job names, and the compiler builds the same statement several times a second
+(``bench/scheduler_reads.py`` sets them against the driver). The SQL here is the one the ORM
+sends, named from the models' documented metadata (``Meta.db_table``; a field's name, unless
+it sets ``db_column``), quoted by the connection, each parameter converted by its field
 (``Field.get_db_prep_value()``, as a lookup's is). Only columns whose values the drivers
 return as Django would are read back: text, integers, and whether a value is NULL.
 """

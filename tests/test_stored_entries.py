@@ -418,7 +418,9 @@ def test_a_run_of_an_entry_deleted_while_it_runs_ends_recorded_by_its_row(
         lambda: list(ledger.filter(job_name="long", status=Status.SUCCEEDED)), "its end"
     )
     assert ledger.filter(job_name="long").count() == 1
-    assert f"run_jobs: long [{run.period}] succeeded." in output(schedulers, process)
+    # The worker records the end before it answers the scheduler, which then says it.
+    said = f"run_jobs: long [{run.period}] succeeded."
+    wait_for(lambda: said in output(schedulers, process), "the scheduler's word on its end")
 
 
 def test_a_stored_entry_whose_name_the_settings_took_is_not_scheduled_and_said_so(

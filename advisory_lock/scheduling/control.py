@@ -233,7 +233,7 @@ def pauses_of(
         f"AND {inner}.{at} <= %s ORDER BY {inner}.{at} DESC, {inner}.{pk} DESC LIMIT 1)) "
         f"ORDER BY {at}, {pk}"
     )
-    switches = [action.value for action in _PAUSE_OR_RESUME]
+    switches = [kind.value for kind in _PAUSE_OR_RESUME]
     params = [*job_names, *switches, stored, *switches, stored]
     paused_at_since: set[str] = set()
     later: dict[str, list[JobControl]] = {}

@@ -4,7 +4,8 @@ scheduler would compute at the boundary.
 At a boundary every scheduler of a fleet starts its slots at once; a scheduler computes each
 entry's next boundary before, halfway to it (``Boundaries.prepare``), so that this pass and
 the runs after it do no cron arithmetic. The boundary computed ahead must be exactly the one
-computed at it: the same slots, named the same, and the same next boundary. Generated here
+computed at it: the same slots, named the same, the same slot before them, and the same next
+boundary. Generated here
 for cron and ``every`` entries and each ``catch_up`` that is computed ahead, in three ledger
 time zones, walking 200 boundaries from a little before each of Paris's DST changes of 2026
 (a cron time that does not exist, an hour that repeats); the daily entry's 200 days cross
@@ -76,6 +77,11 @@ def test_the_boundary_computed_ahead_is_the_one_computed_at_it(when, catch_up, z
                 for at in (following.latest, following.until - datetime.timedelta(microseconds=1)):
                     fresh = Boundaries(no_missed_slots)
                     assert fresh.dues(entry, at) == ahead.dues(entry, at)
+                    # The slot before it, which the look for missed slots takes from here
+                    # instead of the cron arithmetic it did before.
+                    for due in fresh.dues(entry, at):
+                        earlier = due.at - datetime.timedelta(microseconds=1)
+                        assert due.before == next(entry.slots_before(earlier)), due
                     assert fresh.current[entry.name] == ahead.current[entry.name]
                 assert entry.name not in ahead.ahead  # taken, not computed again
                 moment = following.latest

@@ -37,6 +37,7 @@ from advisory_lock.ledger import deciding_attempt
 from advisory_lock.ledger import deciding_attempts
 from advisory_lock.ledger import first_line
 from advisory_lock.schedule import Entry
+from advisory_lock.scheduling.boundaries import Due
 from advisory_lock.scheduling.control import MANUAL
 from advisory_lock.scheduling.control import pauses_of
 from advisory_lock.scheduling.first_seen import first_seen
@@ -142,20 +143,23 @@ def _unhealthy_now(using: str, entry: Entry, run: JobRun) -> None:
 def missed_before(
     using: str,
     entries: dict[str, Entry],
-    starting: dict[str, datetime.datetime],
+    starting: dict[str, Due],
     known: Callable[[str, str], bool],
 ) -> None:
     """Alert of the slots that no run was started for before the slots in ``starting``
-    (entry name: the slot about to get its first attempt); ``known(name, slot)``: the
-    scheduler knows that slot was attempted. The previous slots not known are looked up in
-    one statement; only a gap costs more (each entry's latest run before it, and the
-    pauses): it is rare."""
+    (entry name: the slot about to get its first attempt, and the one before it if known);
+    ``known(name, slot)``: the scheduler knows that slot was attempted. The previous slots
+    not known are looked up in one statement; only a gap costs more (each entry's latest
+    run before it, and the pauses): it is rare."""
     previous: dict[str, tuple[str, datetime.datetime]] = {}
-    for name, at in starting.items():
+    for name, due in starting.items():
         entry = entries[name]
         if entry.catch_up == "all":
             continue  # its missed slots are run, not missed
-        before = next(entry.slots_before(at - datetime.timedelta(microseconds=1)), None)
+        at = due.at
+        before = due.before
+        if before is None:
+            before = next(entry.slots_before(at - datetime.timedelta(microseconds=1)), None)
         if before is not None and not known(name, slot := entry.slot_name(before)):
             previous[name] = (slot, before)
     if not previous:

@@ -20,12 +20,15 @@ from advisory_lock.schedule import Entry
 
 
 class Due(NamedTuple):
-    """A slot of an entry that may run now: its name in the ledger, when it fell due, and
-    whether it is the entry's most recent due slot (only that one is retried)."""
+    """A slot of an entry that may run now: its name in the ledger, when it fell due,
+    whether it is the entry's most recent due slot (only that one is retried), and the
+    entry's slot before it when the boundary knew it for free (None: not known; the slot
+    missed before it is looked for there)."""
 
     slot: str
     at: datetime.datetime
     latest: bool
+    before: datetime.datetime | None = None
 
 
 class Boundary(NamedTuple):
@@ -78,11 +81,15 @@ class Boundaries:
         else:
             if ahead is not None and now < ahead.latest:
                 self.ahead[entry.name] = ahead  # still to come (one passed is let go)
-            latest = next(entry.slots_before(now), None)
+            previous = entry.slots_before(now)
+            latest = next(previous, None)
             if latest is None:
                 return None
-            slots = self.missed(entry, latest) if entry.catch_up == "all" else [latest]
-            dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+            if entry.catch_up == "all":
+                slots = self.missed(entry, latest)
+                dues = [Due(entry.slot_name(slot), slot, slot == latest) for slot in slots]
+            else:
+                dues = [Due(entry.slot_name(latest), latest, True, next(previous, None))]
             boundary = Boundary(latest, entry.next_slot(now), dues)
         self.current[entry.name] = boundary
         if self._prepare_at is None or boundary.halfway < self._prepare_at:
@@ -107,7 +114,7 @@ class Boundaries:
                 later = boundary.halfway if later is None else min(later, boundary.halfway)
                 continue
             until = boundary.until
-            due = Due(entry.slot_name(until), until, True)
+            due = Due(entry.slot_name(until), until, True, boundary.latest)
             self.ahead[name] = Boundary(until, entry.next_slot(until), [due])
         self._prepare_at = later
 

@@ -152,6 +152,7 @@ class Scheduler:
         self._unclaim: list[str] = []  # entries whose run here has ended: claims to release
         self.boundaries = Boundaries(self._missed)  # each entry's due slots
         self._released_at = 0.0  # time.monotonic() of the last release of claims
+        self._asked_alive_at = 0.0  # time.monotonic() of the last is_alive() of silent workers
         # Slots claimed here, the ledger's word taken, waiting for a free worker.
         self._ready: dict[str, Due] = {}
         # Entries with a run here when a request for them was heard: a look for requests
@@ -680,7 +681,7 @@ class Scheduler:
         if not wanted:
             return {}
         # A slot about to get its first attempt: was the one before it ever started?
-        first = {name: due.at for name, due in wanted.items() if name not in deciding}
+        first = {name: due for name, due in wanted.items() if name not in deciding}
         missed_before(self.using, self.entries, first, self._attempted)
         # A slot that fell due while the entry was paused never runs, even after the resume.
         # It is settled only once the pause is over: a resume is stamped with the database's
@@ -779,13 +780,21 @@ class Scheduler:
         whose worker died are recorded by ``_record_deaths``, and the claims of the entries
         done with are released by ``reap``."""
         ended = False
+        answered = self.pool.answered()
+        # A worker that dies closes its end of the pipe, which is then readable: one whose
+        # pipe a child of its job keeps open is seen dead by ``is_alive()`` (waitpid), asked
+        # of the silent workers once a loop, and at once of those killed here.
+        ask_alive = time.monotonic() >= self._asked_alive_at + _LOOP
+        if ask_alive:
+            self._asked_alive_at = time.monotonic()
         for name, child in list(self.children.items()):
             worker = child.worker
-            answer = worker.answer()
+            answer = worker.answer() if worker in answered else None
             died = answer is None
             why = ""
             if answer is None:
-                if worker.process.is_alive():
+                asked = ask_alive or worker in answered or bool(child.run.stopped_because)
+                if not asked or worker.process.is_alive():
                     timeout = child.entry.timeout
                     if timeout is not None and time.monotonic() - child.run.started > timeout:
                         self.kill(child, f"stopped after its timeout of {timeout:g}s")

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -94,9 +95,10 @@ class Worker:
         self.jobs.send((run.entry, run.slot, run.manual))
 
     def answer(self) -> tuple[int, str] | None:
-        """The exit status of the worker's run and, if it did not start, why; without
-        waiting (None: no answer)."""
-        if self.run is not None and self.jobs.poll():
+        """The exit status of the worker's run and, if it did not start, why: to be called
+        once its jobs pipe is readable (``Pool.answered``), when it does not wait (None: it
+        died, and its end of the pipe closed)."""
+        if self.run is not None:
             try:
                 answer: tuple[int, str] = self.jobs.recv()
             except (EOFError, OSError):
@@ -145,6 +147,15 @@ class Pool:
     def answers(self) -> list[int]:
         """The file descriptors that become readable when a worker answers."""
         return [worker.jobs.fileno() for worker in self.busy()]
+
+    def answered(self) -> set[Worker]:
+        """The busy workers whose answer can be read without waiting (or whose end of the
+        pipe closed: they died), in one ``select()`` for them all. A ``Connection`` reads a
+        message's exact length from its pipe and keeps nothing buffered, so a pipe with a
+        message is readable."""
+        busy = {worker.jobs.fileno(): worker for worker in self.busy()}
+        readable, _, _ = select.select(list(busy), [], [], 0)
+        return {busy[fd] for fd in readable}
 
     def remove(self, worker: Worker) -> None:
         """A worker that has ended (joined): forget it (``fill`` forks another)."""

@@ -151,3 +151,64 @@ def test_rows_in_reads_the_columns_of_the_rows_named(using, ledger):
     )
     assert sorted(read) == [("a", 3), ("b", 3)]
     assert rows_in(JobRun, using, ("job_name",), job_name=[], period=["1"]) == []
+
+
+#: How each backend shows a statement's plan, and how the plan names an index it reads.
+EXPLAIN = {
+    "postgresql": ("EXPLAIN ", "job_controls_pending_idx"),
+    "mysql": ("EXPLAIN ", "job_controls_pending_idx"),
+    "sqlite": ("EXPLAIN QUERY PLAN ", "job_controls_pending_idx"),
+}
+#: The statistics each backend's planner reads to choose between an index and the table.
+ANALYZE = {
+    "postgresql": "ANALYZE job_controls",
+    "mysql": "ANALYZE TABLE job_controls",
+    "sqlite": "ANALYZE job_controls",
+}
+
+
+def test_the_look_for_requests_reads_an_index_not_the_whole_table(
+    using,
+    controls,  # noqa: F811 (the fixture)
+):
+    """job_controls keeps every request, pause and change of every job; the schedulers look
+    for the pending ones several times a second. Before migration 0011 its one index led with
+    the job's name, which the look does not give: each look read the whole table. Now the
+    plan each database makes reads job_controls_pending_idx, on a table of a year's requests."""
+    connection = connections[using]
+    actions = list(Action)
+    old = [
+        JobControl(
+            job_name=f"job-{number % 200}",
+            action=actions[number % len(actions)],
+            requested_at=to_field(AT - datetime.timedelta(days=365, minutes=-number)),
+            slot=f"s-{number}",
+        )
+        for number in range(20_000)
+    ]
+    controls.bulk_create(old, batch_size=1000)
+    controls.create(job_name="report", action=Action.RUN_NOW, requested_at=to_field(AT), slot="s")
+    controls.create(job_name="stored", action=Action.CHANGE, requested_at=to_field(AT))
+    statements = []
+
+    def keep(execute, sql, params, many, context):
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    now = AT + datetime.timedelta(minutes=1)
+    with connection.cursor() as cursor:
+        cursor.execute(ANALYZE[connection.vendor])
+        if cursor.description is not None:
+            cursor.fetchall()  # MariaDB's ANALYZE TABLE answers with a result set
+    with connection.execute_wrapper(keep):
+        found = pending_requests(using, now, AT)
+    assert [(row.action, row.job_name) for row in found] == [
+        (Action.RUN_NOW, "report"),
+        (Action.CHANGE, "stored"),
+    ]
+    [(sql, params)] = statements
+    explain, index = EXPLAIN[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(explain + sql, params)
+        plan = "\n".join(" ".join(str(value) for value in row) for row in cursor.fetchall())
+    assert index in plan, plan

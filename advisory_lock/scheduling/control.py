@@ -93,7 +93,10 @@ class JobControl(models.Model):
         verbose_name = "job control"
         ordering = ["-requested_at", "-pk"]
         indexes = [
-            models.Index(fields=["job_name", "action", "-requested_at"], name="job_controls_idx")
+            models.Index(fields=["job_name", "action", "-requested_at"], name="job_controls_idx"),
+            # The look for requests (``pending_requests``), several a second in a fleet: the
+            # recent rows of two actions, of every job; the table keeps every request.
+            models.Index(fields=["action", "requested_at"], name="job_controls_pending_idx"),
         ]
         permissions = [
             ("pause_job", "Can pause and resume scheduled jobs"),

@@ -153,12 +153,8 @@ def test_rows_in_reads_the_columns_of_the_rows_named(using, ledger):
     assert rows_in(JobRun, using, ("job_name",), job_name=[], period=["1"]) == []
 
 
-#: How each backend shows a statement's plan, and how the plan names an index it reads.
-EXPLAIN = {
-    "postgresql": ("EXPLAIN ", "job_controls_pending_idx"),
-    "mysql": ("EXPLAIN ", "job_controls_pending_idx"),
-    "sqlite": ("EXPLAIN QUERY PLAN ", "job_controls_pending_idx"),
-}
+#: How each backend shows a statement's plan (which names the indexes it reads).
+EXPLAIN = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}
 #: The statistics each backend's planner reads to choose between an index and the table.
 ANALYZE = {
     "postgresql": "ANALYZE job_controls",
@@ -207,8 +203,7 @@ def test_the_look_for_requests_reads_an_index_not_the_whole_table(
         (Action.CHANGE, "stored"),
     ]
     [(sql, params)] = statements
-    explain, index = EXPLAIN[connection.vendor]
     with connection.cursor() as cursor:
-        cursor.execute(explain + sql, params)
+        cursor.execute(EXPLAIN[connection.vendor] + sql, params)
         plan = "\n".join(" ".join(str(value) for value in row) for row in cursor.fetchall())
-    assert index in plan, plan
+    assert "job_controls_pending_idx" in plan, plan

@@ -99,7 +99,6 @@ from advisory_lock.scheduling.outages import RETRY_CAP as RETRY_CAP  # its docum
 from advisory_lock.scheduling.outages import Outage
 from advisory_lock.scheduling.outages import is_outage
 from advisory_lock.scheduling.outages import is_refusal
-from advisory_lock.scheduling.quiet import QuietEntries
 from advisory_lock.scheduling.sharing import Sharing
 from advisory_lock.scheduling.stored import stored_entries
 from advisory_lock.scheduling.task_ends import TaskEnds
@@ -174,10 +173,10 @@ class Scheduler:
         # Slots known done (succeeded, or out of retries): not looked up again.
         self._settled: set[tuple[str, str]] = set()
         # Entries whose due slots are all settled or another scheduler's, until their next
-        # boundary (``Boundary.until``): left out of ``_next_slots``' walk. Woken whenever
-        # one of those slots may run again here (``_wake``), and all at a sweep, which looks
-        # at every slot again.
-        self._quiet = QuietEntries()
+        # boundary (``Boundary.until``): skipped by ``_next_slots`` at the cost of a lookup.
+        # Forgotten whenever one of those slots may run again here (``_wake``), and at a
+        # sweep, which looks at every slot again.
+        self._quiet: dict[str, datetime.datetime] = {}
         # Runs whose process died, and how: to record failed (kept while the database is out,
         # and until the server has freed the dead process's lock).
         self._deaths: list[Death] = []
@@ -538,7 +537,10 @@ class Scheduler:
         """The next slot of each entry with no run going here, claimed by no one here, not
         held back, and neither settled nor known to be another scheduler's: in the shared
         order (``Sharing``: its own first), each looked at when the caller asks for it."""
-        for name in self._quiet.walk(self.sharing.order, now):
+        quiet = self._quiet
+        for name in self.sharing.order:
+            if name in quiet and now < quiet[name]:
+                continue  # nothing to run before its next boundary
             if self.busy(name) or name in self.claims.held or self._holds_back(name):
                 continue  # one run of an entry at a time
             for due in self.boundaries.dues(self.entries[name], now):
@@ -549,12 +551,12 @@ class Scheduler:
             else:
                 boundary = self.boundaries.current.get(name)
                 if boundary is not None:
-                    self._quiet.hush(name, boundary.until)  # nothing to run before it
+                    quiet[name] = boundary.until
 
     def _wake(self, name: str) -> None:
         """Let ``_next_slots`` look at ``name`` again: a slot of it may run here again, or
         its due slots are to be computed again."""
-        self._quiet.wake(name)
+        self._quiet.pop(name, None)
 
     def _start_ready(self) -> None:
         """Give the claimed slots waiting here to the free workers, oldest claim first."""
@@ -618,7 +620,7 @@ class Scheduler:
         self.claims.release(waiting)
         self.boundaries.forget(changed)
         for name in changed:
-            self._quiet.wake(name)
+            self._quiet.pop(name, None)
             self._held_back.pop(name, None)
         self._settled = {slot for slot in self._settled if slot[0] not in changed}
         self._elsewhere = {slot for slot in self._elsewhere if slot[0] not in changed}
